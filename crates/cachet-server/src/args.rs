@@ -1,0 +1,58 @@
+//! Command-line arguments of the HTTP server (flattened into `cachet serve` by the binary).
+
+use clap::Args;
+
+/// Default request body limit: 16 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+
+/// The server's own flags. Engine flags (`--max-waiting-requests`, `--block-size`, ...) belong to
+/// the engine's configuration, not here.
+#[derive(Args, Clone, Debug)]
+pub struct ServerArgs {
+    /// Address to bind.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free one).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model name(s) clients must use in `model`; defaults to the engine's model name.
+    #[arg(long, num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    /// Require this key on every `/v1` route (`Authorization: Bearer` or `x-api-key`).
+    #[arg(long, env = "CACHET_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Add a top-level `metrics` object (timings and prefix-cache stats) to every response.
+    #[arg(long)]
+    pub enable_per_request_metrics: bool,
+    /// Largest accepted request body in bytes (413 above it).
+    #[arg(long, default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// Seconds between periodic stats log lines; 0 disables them.
+    #[arg(long, default_value_t = 10.0)]
+    pub log_stats_interval: f64,
+}
+
+impl Default for ServerArgs {
+    fn default() -> Self {
+        ServerArgs {
+            host: "127.0.0.1".to_string(),
+            port: 8000,
+            served_model_name: Vec::new(),
+            api_key: None,
+            enable_per_request_metrics: false,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            log_stats_interval: 10.0,
+        }
+    }
+}
+
+impl ServerArgs {
+    /// The name reported in responses and metric labels: the first served name, or `fallback`
+    /// (the engine's model name).
+    pub fn primary_model_name(&self, fallback: &str) -> String {
+        self.served_model_name
+            .first()
+            .cloned()
+            .unwrap_or_else(|| fallback.to_string())
+    }
+}

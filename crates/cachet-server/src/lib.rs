@@ -1,0 +1,250 @@
+//! cachet's HTTP front end.
+//!
+//! The server parses and validates requests, renders chat templates, tokenizes, hands token ids
+//! to the engine through [`EngineHandle`], and formats what the engine reports: OpenAI and
+//! Anthropic responses (with SSE streaming), `usage` with prefix-cache details, optional
+//! per-request metrics, and the Prometheus registry behind `/metrics`.
+//!
+//! **Boundary:** the server never computes an accounting number. Cached, created and computed
+//! token counts come from the engine's `PrefillStats`; counters move only by the engine's
+//! per-interval deltas (see [`metrics::PrometheusLogger`]).
+//!
+//! Entry points: [`ServerArgs`] (flags), [`router`] (the routes, for tests), [`serve`] (bind,
+//! serve, graceful shutdown), [`MetricsHandle`] (registry + stat logger for the engine).
+
+pub mod anthropic;
+mod args;
+mod auth;
+mod body;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+mod misc;
+pub mod openai;
+pub mod sampling;
+pub mod stop;
+mod usage;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::Request;
+use axum::http::HeaderValue;
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use cachet_engine::EngineHandle;
+use thiserror::Error;
+
+pub use args::{ServerArgs, DEFAULT_MAX_BODY_BYTES};
+pub use error::ApiError;
+pub use metrics::{metric_names, MetricsHandle, MetricsSnapshot, PrometheusLogger};
+
+use generate::REQUEST_ID_HEADER;
+
+struct StateInner {
+    engine: EngineHandle,
+    metrics: MetricsHandle,
+    model_names: Vec<String>,
+    api_key: Option<String>,
+    per_request_metrics: bool,
+    max_body_bytes: usize,
+}
+
+/// Shared by every route: the engine handle, the metrics registry and the server options.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<StateInner>,
+}
+
+impl AppState {
+    pub fn new(engine: EngineHandle, metrics: MetricsHandle, args: &ServerArgs) -> Self {
+        let model_names = if args.served_model_name.is_empty() {
+            vec![engine.model().name.clone()]
+        } else {
+            args.served_model_name.clone()
+        };
+        AppState {
+            inner: Arc::new(StateInner {
+                engine,
+                metrics,
+                model_names,
+                api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+                per_request_metrics: args.enable_per_request_metrics,
+                max_body_bytes: args.max_body_bytes,
+            }),
+        }
+    }
+
+    pub fn engine(&self) -> &EngineHandle {
+        &self.inner.engine
+    }
+
+    pub fn metrics(&self) -> &MetricsHandle {
+        &self.inner.metrics
+    }
+
+    pub fn model_names(&self) -> &[String] {
+        &self.inner.model_names
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.inner.engine.model().max_model_len
+    }
+
+    fn api_key(&self) -> Option<&str> {
+        self.inner.api_key.as_deref()
+    }
+
+    fn per_request_metrics(&self) -> bool {
+        self.inner.per_request_metrics
+    }
+
+    fn max_body_bytes(&self) -> usize {
+        self.inner.max_body_bytes
+    }
+
+    /// The name to report for a request's `model` (absent means the first served name).
+    fn check_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
+        match requested {
+            None | Some("") => Ok(self.inner.model_names[0].clone()),
+            Some(m) if self.inner.model_names.iter().any(|n| n == m) => Ok(m.to_string()),
+            Some(m) => Err(ApiError::ModelNotFound(m.to_string())),
+        }
+    }
+}
+
+/// Echoes the caller's `X-Request-Id` on responses that did not set one (errors).
+async fn echo_request_id(req: Request, next: Next) -> Response {
+    let incoming: Option<HeaderValue> = req.headers().get(REQUEST_ID_HEADER).cloned();
+    let mut resp = next.run(req).await;
+    if let Some(v) = incoming {
+        if !resp.headers().contains_key(REQUEST_ID_HEADER) {
+            resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+        }
+    }
+    resp
+}
+
+/// Every route. `/v1/*` require the API key when one is configured; `/health` and `/metrics`
+/// are always open.
+pub fn router(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/models", get(misc::models))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_api_key,
+        ));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .fallback(misc::not_found)
+        .layer(middleware::from_fn(echo_request_id))
+        .with_state(state)
+}
+
+#[derive(Debug, Error)]
+pub enum ServeError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("server error: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// Binds `--host:--port`, serves until SIGTERM or ctrl-c, then stops accepting connections,
+/// drains the running requests (`EngineHandle::shutdown`) and returns.
+pub async fn serve(
+    args: ServerArgs,
+    handle: EngineHandle,
+    registry: MetricsHandle,
+) -> Result<(), ServeError> {
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    serve_on(listener, args, handle, registry, shutdown_signal()).await
+}
+
+/// [`serve`] on an already-bound listener, ending when `shutdown` resolves.
+pub async fn serve_on(
+    listener: tokio::net::TcpListener,
+    args: ServerArgs,
+    handle: EngineHandle,
+    registry: MetricsHandle,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, model = %handle.model().name, "cachet server listening");
+    }
+    let state = AppState::new(handle.clone(), registry.clone(), &args);
+    let log_task =
+        (args.log_stats_interval > 0.0 && args.log_stats_interval.is_finite()).then(|| {
+            tokio::spawn(metrics::log_stats_loop(
+                registry,
+                Duration::from_secs_f64(args.log_stats_interval),
+            ))
+        });
+    let signalled = Arc::new(tokio::sync::Notify::new());
+    let drain = {
+        let signalled = Arc::clone(&signalled);
+        let engine = handle.clone();
+        tokio::spawn(async move {
+            signalled.notified().await;
+            tracing::info!("shutting down: no new connections; draining running requests");
+            engine.shutdown().await;
+        })
+    };
+    let trigger = Arc::clone(&signalled);
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            trigger.notify_one();
+        })
+        .await
+        .map_err(ServeError::Serve);
+    signalled.notify_one();
+    let _ = drain.await;
+    if let Some(t) = log_task {
+        t.abort();
+    }
+    tracing::info!("cachet server stopped");
+    result
+}
+
+/// Resolves on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

@@ -1,0 +1,154 @@
+//! Small routes: models, health, metrics, tokenize, detokenize.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use prometheus_client::encoding::prometheus_text;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::body::read_json;
+use crate::error::{ApiError, OpenAiError};
+use crate::openai::{convert_messages, ChatMessageIn};
+use crate::AppState;
+
+pub async fn health() -> StatusCode {
+    StatusCode::OK
+}
+
+pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let root = state.engine().model().name.clone();
+    let data: Vec<_> = state
+        .model_names()
+        .iter()
+        .map(|name| {
+            json!({
+                "id": name, "object": "model", "created": created, "owned_by": "cachet",
+                "root": root, "parent": null, "max_model_len": state.max_model_len(),
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Prometheus text format by default; OpenMetrics when the scraper asks for it.
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let wants_openmetrics = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("application/openmetrics-text"));
+    let encoded = if wants_openmetrics {
+        state
+            .metrics()
+            .encode_openmetrics()
+            .map(|t| (OPENMETRICS_CONTENT_TYPE, t))
+    } else {
+        state
+            .metrics()
+            .encode_prometheus()
+            .map(|t| (prometheus_text::CONTENT_TYPE, t))
+    };
+    match encoded {
+        Ok((ct, text)) => ([(header::CONTENT_TYPE, ct)], text).into_response(),
+        Err(_) => ApiError::Internal("failed to encode metrics".into()).openai_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub prompt: Option<String>,
+    #[serde(default)]
+    pub messages: Option<Vec<ChatMessageIn>>,
+    #[serde(default)]
+    pub add_special_tokens: Option<bool>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+}
+
+/// `{prompt}` is encoded as `/v1/completions` does, `{messages}` as `/v1/chat/completions` does,
+/// so `count` is the prompt length those routes will report.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, OpenAiError> {
+    let req: TokenizeRequest = read_json(body, state.max_body_bytes()).await?;
+    if req.model.is_some() {
+        state.check_model(req.model.as_deref())?;
+    }
+    let tok = state.engine().tokenizer().clone();
+    let tokens = match (req.prompt, req.messages) {
+        (Some(p), None) => tok
+            .encode(&p, req.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?,
+        (None, Some(m)) => {
+            let msgs = convert_messages(&m)?;
+            let text = tok
+                .apply_chat_template(&msgs, req.add_generation_prompt.unwrap_or(true))
+                .map_err(|e| {
+                    ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
+                })?;
+            tok.encode(&text, req.add_special_tokens.unwrap_or(false))
+                .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?
+        }
+        _ => {
+            return Err(ApiError::bad_request("Send exactly one of `prompt` or `messages`.").into())
+        }
+    };
+    Ok(Json(
+        json!({"count": tokens.len(), "tokens": tokens, "max_model_len": state.max_model_len()}),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+pub async fn detokenize(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Json<serde_json::Value>, OpenAiError> {
+    let req: DetokenizeRequest = read_json(body, state.max_body_bytes()).await?;
+    if req.model.is_some() {
+        state.check_model(req.model.as_deref())?;
+    }
+    let text = state
+        .engine()
+        .tokenizer()
+        .decode(&req.tokens, false)
+        .map_err(|e| ApiError::bad_param("tokens", format!("Cannot decode the tokens: {e}")))?;
+    Ok(Json(json!({"prompt": text})))
+}
+
+pub async fn not_found() -> Response {
+    ApiError::BadRequest {
+        message: "Not found.".into(),
+        param: None,
+    }
+    .openai_response()
+    .into_response()
+    .map_status(StatusCode::NOT_FOUND)
+}
+
+trait MapStatus {
+    fn map_status(self, s: StatusCode) -> Self;
+}
+
+impl MapStatus for Response {
+    fn map_status(mut self, s: StatusCode) -> Self {
+        *self.status_mut() = s;
+        self
+    }
+}

@@ -1,0 +1,323 @@
+//! Validation of sampling options shared by the three generation routes.
+
+use cachet_core::SamplingParams;
+use serde::Deserialize;
+
+use crate::error::ApiError;
+
+/// `stop` may be a single string or a list of strings.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            StopField::One(s) => vec![s],
+            StopField::Many(v) => v,
+        }
+    }
+}
+
+/// The sampling knobs as they arrive, before validation.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingInput {
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub min_tokens: Option<u32>,
+    pub n: Option<u32>,
+    /// Alternatives per token; `Some(0)` means only the sampled token's log-probability.
+    pub logprobs: Option<u32>,
+}
+
+/// Most alternatives a request may ask for per token.
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+fn finite(param: &str, v: f32) -> Result<f32, ApiError> {
+    if v.is_finite() {
+        Ok(v)
+    } else {
+        Err(ApiError::bad_param(
+            param,
+            format!("`{param}` must be a finite number."),
+        ))
+    }
+}
+
+/// Checks every value and the context-length budget; returns the engine's parameters.
+pub fn build_sampling(
+    input: &SamplingInput,
+    prompt_len: usize,
+    max_model_len: usize,
+    max_tokens_param: &str,
+) -> Result<SamplingParams, ApiError> {
+    if let Some(n) = input.n {
+        if n != 1 {
+            return Err(ApiError::bad_param(
+                "n",
+                format!("`n` must be 1 (got {n}): cachet returns exactly one choice per request."),
+            ));
+        }
+    }
+    if prompt_len == 0 {
+        return Err(ApiError::bad_request("The prompt is empty."));
+    }
+    if prompt_len >= max_model_len {
+        return Err(ApiError::ContextLength(format!(
+            "This model's maximum context length is {max_model_len} tokens. However, your prompt \
+             has {prompt_len} tokens, which leaves no room for a completion."
+        )));
+    }
+    let room = max_model_len - prompt_len;
+    let max_tokens = match input.max_tokens {
+        Some(0) => {
+            return Err(ApiError::bad_param(
+                max_tokens_param,
+                format!("`{max_tokens_param}` must be at least 1."),
+            ))
+        }
+        Some(m) => {
+            if m as usize > room {
+                return Err(ApiError::ContextLength(format!(
+                    "This model's maximum context length is {max_model_len} tokens. However, you \
+                     requested {} tokens ({prompt_len} in the prompt, {m} for the completion).",
+                    prompt_len + m as usize
+                )));
+            }
+            m
+        }
+        None => u32::try_from(room).unwrap_or(u32::MAX),
+    };
+    let temperature = finite("temperature", input.temperature.unwrap_or(1.0))?;
+    if temperature < 0.0 {
+        return Err(ApiError::bad_param(
+            "temperature",
+            "`temperature` must be non-negative.",
+        ));
+    }
+    let top_p = finite("top_p", input.top_p.unwrap_or(1.0))?;
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::bad_param("top_p", "`top_p` must be in (0, 1]."));
+    }
+    let top_k = match input.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => u32::try_from(k).unwrap_or(u32::MAX),
+        Some(k) => {
+            return Err(ApiError::bad_param(
+                "top_k",
+                format!("`top_k` must be -1 (disabled) or positive, got {k}."),
+            ))
+        }
+    };
+    let min_p = finite("min_p", input.min_p.unwrap_or(0.0))?;
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::bad_param("min_p", "`min_p` must be in [0, 1]."));
+    }
+    let presence_penalty = finite("presence_penalty", input.presence_penalty.unwrap_or(0.0))?;
+    if !(-2.0..=2.0).contains(&presence_penalty) {
+        return Err(ApiError::bad_param(
+            "presence_penalty",
+            "`presence_penalty` must be in [-2, 2].",
+        ));
+    }
+    let frequency_penalty = finite("frequency_penalty", input.frequency_penalty.unwrap_or(0.0))?;
+    if !(-2.0..=2.0).contains(&frequency_penalty) {
+        return Err(ApiError::bad_param(
+            "frequency_penalty",
+            "`frequency_penalty` must be in [-2, 2].",
+        ));
+    }
+    let repetition_penalty = finite(
+        "repetition_penalty",
+        input.repetition_penalty.unwrap_or(1.0),
+    )?;
+    if repetition_penalty <= 0.0 {
+        return Err(ApiError::bad_param(
+            "repetition_penalty",
+            "`repetition_penalty` must be positive.",
+        ));
+    }
+    let min_tokens = input.min_tokens.unwrap_or(0);
+    if min_tokens > max_tokens {
+        return Err(ApiError::bad_param(
+            "min_tokens",
+            format!(
+                "`min_tokens` ({min_tokens}) must not exceed `{max_tokens_param}` ({max_tokens})."
+            ),
+        ));
+    }
+    if let Some(lp) = input.logprobs {
+        if lp > MAX_TOP_LOGPROBS {
+            return Err(ApiError::bad_param(
+                "logprobs",
+                format!("At most {MAX_TOP_LOGPROBS} log-probabilities per token can be requested, got {lp}."),
+            ));
+        }
+    }
+    Ok(SamplingParams {
+        max_tokens,
+        min_tokens,
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        presence_penalty,
+        frequency_penalty,
+        seed: input.seed,
+        stop_token_ids: input.stop_token_ids.clone(),
+        ignore_eos: input.ignore_eos,
+        logprobs: input.logprobs,
+    })
+}
+
+/// `cache_salt` may be absent but never empty.
+pub fn check_cache_salt(salt: &Option<String>) -> Result<(), ApiError> {
+    match salt {
+        Some(s) if s.is_empty() => Err(ApiError::bad_param(
+            "cache_salt",
+            "`cache_salt` must be a non-empty string.",
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(input: SamplingInput) -> SamplingParams {
+        build_sampling(&input, 10, 100, "max_tokens").unwrap()
+    }
+
+    fn err(input: SamplingInput) -> ApiError {
+        build_sampling(&input, 10, 100, "max_tokens").unwrap_err()
+    }
+
+    #[test]
+    fn defaults_fill_the_context() {
+        let p = ok(SamplingInput::default());
+        assert_eq!(p.max_tokens, 90);
+        assert_eq!(p.temperature, 1.0);
+        assert_eq!(p.top_k, 0);
+    }
+
+    #[test]
+    fn rejects_bad_values() {
+        let cases = [
+            SamplingInput {
+                max_tokens: Some(0),
+                ..Default::default()
+            },
+            SamplingInput {
+                max_tokens: Some(91),
+                ..Default::default()
+            },
+            SamplingInput {
+                temperature: Some(-0.1),
+                ..Default::default()
+            },
+            SamplingInput {
+                temperature: Some(f32::NAN),
+                ..Default::default()
+            },
+            SamplingInput {
+                top_p: Some(0.0),
+                ..Default::default()
+            },
+            SamplingInput {
+                top_p: Some(1.5),
+                ..Default::default()
+            },
+            SamplingInput {
+                top_k: Some(-2),
+                ..Default::default()
+            },
+            SamplingInput {
+                min_p: Some(1.5),
+                ..Default::default()
+            },
+            SamplingInput {
+                presence_penalty: Some(3.0),
+                ..Default::default()
+            },
+            SamplingInput {
+                frequency_penalty: Some(-3.0),
+                ..Default::default()
+            },
+            SamplingInput {
+                repetition_penalty: Some(0.0),
+                ..Default::default()
+            },
+            SamplingInput {
+                n: Some(2),
+                ..Default::default()
+            },
+            SamplingInput {
+                max_tokens: Some(5),
+                min_tokens: Some(6),
+                ..Default::default()
+            },
+            SamplingInput {
+                logprobs: Some(21),
+                ..Default::default()
+            },
+        ];
+        for c in cases {
+            let e = build_sampling(&c, 10, 100, "max_tokens").unwrap_err();
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{c:?}");
+        }
+        assert!(matches!(
+            err(SamplingInput {
+                n: Some(3),
+                ..Default::default()
+            }),
+            ApiError::BadRequest { .. }
+        ));
+    }
+
+    #[test]
+    fn prompt_budget() {
+        assert!(build_sampling(&SamplingInput::default(), 100, 100, "max_tokens").is_err());
+        assert!(build_sampling(&SamplingInput::default(), 0, 100, "max_tokens").is_err());
+        let p = build_sampling(
+            &SamplingInput {
+                max_tokens: Some(1),
+                ..Default::default()
+            },
+            99,
+            100,
+            "max_tokens",
+        )
+        .unwrap();
+        assert_eq!(p.max_tokens, 1);
+        assert_eq!(
+            ok(SamplingInput {
+                top_k: Some(-1),
+                n: Some(1),
+                ..Default::default()
+            })
+            .top_k,
+            0
+        );
+    }
+
+    #[test]
+    fn cache_salt() {
+        assert!(check_cache_salt(&Some(String::new())).is_err());
+        assert!(check_cache_salt(&Some("t".into())).is_ok());
+        assert!(check_cache_salt(&None).is_ok());
+    }
+}
