@@ -1,0 +1,432 @@
+//! The KV block pool: fixed blocks, reference counts, an O(1) LRU free queue and the prefix
+//! cache's hash → block map (spec §1).
+//!
+//! A block whose reference count drops to zero keeps its cache entry and goes to the back of the
+//! free queue. Allocation takes from the front; taking a block that still has a cache entry
+//! evicts that entry (lazy eviction). The free queue is an intrusive doubly linked list over
+//! block indices, so a cache hit can pull a block out of the middle in O(1).
+//!
+//! The pool knows nothing about requests: operations report their effects ([`AllocEffects`],
+//! [`CacheOutcome`]) and the caller attributes them. The observer counters ([`PoolCounters`]) are
+//! incremented after an action is complete and are never read by a decision.
+
+use std::collections::HashMap;
+
+use crate::hash::{BlockHash, BlockHashBuildHasher};
+use crate::BlockId;
+
+const NIL: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct BlockMeta {
+    ref_cnt: u32,
+    prev: u32,
+    next: u32,
+    in_free_queue: bool,
+    /// Set while this block is the cache entry for `hash`.
+    hash: Option<BlockHash>,
+}
+
+/// What an allocation did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AllocEffects {
+    pub allocated: u64,
+    /// Cached blocks whose entry was dropped to satisfy this allocation.
+    pub evicted: u64,
+}
+
+/// What caching a newly full block did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The block is a new cache entry.
+    Created,
+    /// Another block already holds this hash; the existing entry is kept.
+    AlreadyCached,
+}
+
+/// Monotonic observer totals of the pool's physical activity.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolCounters {
+    pub blocks_allocated: u64,
+    pub blocks_filled: u64,
+    pub blocks_evicted: u64,
+}
+
+/// Not enough free blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("KV block pool exhausted: {requested} blocks requested, {free} free")]
+pub struct PoolExhausted {
+    pub requested: usize,
+    pub free: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct BlockPool {
+    blocks: Vec<BlockMeta>,
+    head: u32,
+    tail: u32,
+    num_free: usize,
+    /// Free blocks that still hold a cache entry.
+    num_cached_free: usize,
+    cached: HashMap<BlockHash, BlockId, BlockHashBuildHasher>,
+    counters: PoolCounters,
+    observe: bool,
+}
+
+impl BlockPool {
+    /// A pool of `num_blocks` free, uncached blocks. With `observe == false` the observer
+    /// counters stay at zero (the pool's behaviour is identical).
+    pub fn new(num_blocks: usize, observe: bool) -> Self {
+        assert!(num_blocks < NIL as usize, "too many blocks");
+        let n = num_blocks as u32;
+        let blocks = (0..n)
+            .map(|i| BlockMeta {
+                ref_cnt: 0,
+                prev: if i == 0 { NIL } else { i - 1 },
+                next: if i + 1 == n { NIL } else { i + 1 },
+                in_free_queue: true,
+                hash: None,
+            })
+            .collect();
+        BlockPool {
+            blocks,
+            head: if n == 0 { NIL } else { 0 },
+            tail: if n == 0 { NIL } else { n - 1 },
+            num_free: num_blocks,
+            num_cached_free: 0,
+            cached: HashMap::with_capacity_and_hasher(num_blocks, BlockHashBuildHasher),
+            counters: PoolCounters::default(),
+            observe,
+        }
+    }
+
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    pub fn num_free(&self) -> usize {
+        self.num_free
+    }
+
+    /// Blocks held by at least one live request.
+    pub fn num_used(&self) -> usize {
+        self.blocks.len() - self.num_free
+    }
+
+    /// Free blocks that still hold a cache entry (held only by the cache).
+    pub fn num_cached_free(&self) -> usize {
+        self.num_cached_free
+    }
+
+    pub fn num_cached(&self) -> usize {
+        self.cached.len()
+    }
+
+    pub fn counters(&self) -> PoolCounters {
+        self.counters
+    }
+
+    pub fn ref_count(&self, block: BlockId) -> u32 {
+        self.blocks[block as usize].ref_cnt
+    }
+
+    /// The cache entry a block holds, if any.
+    pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
+        self.blocks[block as usize].hash
+    }
+
+    /// The block that holds `hash` in the prefix cache.
+    pub fn lookup(&self, hash: &BlockHash) -> Option<BlockId> {
+        self.cached.get(hash).copied()
+    }
+
+    /// Take `n` blocks from the front of the free queue, each with ref count 1. Blocks that hold
+    /// a cache entry lose it (counted in `evicted`). Appends the ids to `out`.
+    pub fn allocate(&mut self, n: usize, out: &mut Vec<BlockId>) -> Result<AllocEffects, PoolExhausted> {
+        if n > self.num_free {
+            return Err(PoolExhausted { requested: n, free: self.num_free });
+        }
+        let mut effects = AllocEffects::default();
+        for _ in 0..n {
+            let id = self.head;
+            self.unlink(id);
+            let meta = &mut self.blocks[id as usize];
+            meta.ref_cnt = 1;
+            if let Some(h) = meta.hash.take() {
+                self.num_cached_free -= 1;
+                self.cached.remove(&h);
+                effects.evicted += 1;
+            }
+            out.push(id);
+        }
+        effects.allocated = n as u64;
+        if self.observe {
+            self.counters.blocks_allocated += effects.allocated;
+            self.counters.blocks_evicted += effects.evicted;
+        }
+        Ok(effects)
+    }
+
+    /// Add a reference to each (cache-hit) block, pulling free ones out of the free queue.
+    pub fn touch(&mut self, blocks: &[BlockId]) {
+        for &id in blocks {
+            if self.blocks[id as usize].ref_cnt == 0 {
+                self.unlink(id);
+                if self.blocks[id as usize].hash.is_some() {
+                    self.num_cached_free -= 1;
+                }
+            }
+            self.blocks[id as usize].ref_cnt += 1;
+        }
+    }
+
+    /// Number of `blocks` that are free now (and would leave the free queue if touched).
+    pub fn count_free(&self, blocks: &[BlockId]) -> usize {
+        blocks.iter().filter(|&&b| self.blocks[b as usize].ref_cnt == 0).count()
+    }
+
+    /// Drop one reference to each block of a block table. Blocks reaching zero go to the back of
+    /// the free queue, the table's tail first, so a prompt's end is evicted before its prefix.
+    pub fn free(&mut self, blocks: &[BlockId]) {
+        for &id in blocks.iter().rev() {
+            let meta = &mut self.blocks[id as usize];
+            debug_assert!(meta.ref_cnt > 0, "double free of block {id}");
+            meta.ref_cnt -= 1;
+            if meta.ref_cnt == 0 {
+                if meta.hash.is_some() {
+                    self.num_cached_free += 1;
+                }
+                self.push_back(id);
+            }
+        }
+    }
+
+    /// Record that `block` became full, and make it the cache entry for `hash` unless another
+    /// block already is.
+    pub fn fill_and_cache(&mut self, block: BlockId, hash: Option<BlockHash>) -> Option<CacheOutcome> {
+        let outcome = hash.map(|h| {
+            if self.cached.contains_key(&h) {
+                CacheOutcome::AlreadyCached
+            } else {
+                self.cached.insert(h, block);
+                self.blocks[block as usize].hash = Some(h);
+                CacheOutcome::Created
+            }
+        });
+        if self.observe {
+            self.counters.blocks_filled += 1;
+        }
+        outcome
+    }
+
+    /// Drop every cache entry. Only allowed while no block is in use; returns whether it ran.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        if self.num_free != self.blocks.len() {
+            return false;
+        }
+        for meta in &mut self.blocks {
+            meta.hash = None;
+        }
+        self.cached.clear();
+        self.num_cached_free = 0;
+        true
+    }
+
+    /// Free-queue order, front first (for tests and debugging).
+    pub fn free_queue(&self) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(self.num_free);
+        let mut cur = self.head;
+        while cur != NIL {
+            out.push(cur);
+            cur = self.blocks[cur as usize].next;
+        }
+        out
+    }
+
+    /// Check every structural invariant; returns a description of the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let queue = self.free_queue();
+        if queue.len() != self.num_free {
+            return Err(format!("free queue has {} blocks, num_free is {}", queue.len(), self.num_free));
+        }
+        let mut seen = vec![false; self.blocks.len()];
+        let mut prev = NIL;
+        for &id in &queue {
+            let meta = &self.blocks[id as usize];
+            if seen[id as usize] {
+                return Err(format!("block {id} twice in the free queue"));
+            }
+            seen[id as usize] = true;
+            if meta.ref_cnt != 0 || !meta.in_free_queue || meta.prev != prev {
+                return Err(format!("block {id} in the free queue is inconsistent: {meta:?}"));
+            }
+            prev = id;
+        }
+        if self.tail != prev {
+            return Err("free queue tail is wrong".into());
+        }
+        let mut cached_free = 0;
+        for (id, meta) in self.blocks.iter().enumerate() {
+            if meta.in_free_queue != (meta.ref_cnt == 0) {
+                return Err(format!("block {id}: ref {} but in_free_queue {}", meta.ref_cnt, meta.in_free_queue));
+            }
+            if let Some(h) = meta.hash {
+                if self.cached.get(&h) != Some(&(id as BlockId)) {
+                    return Err(format!("block {id} holds hash {h:?} that maps elsewhere"));
+                }
+                if meta.ref_cnt == 0 {
+                    cached_free += 1;
+                }
+            }
+        }
+        for (h, &id) in &self.cached {
+            if self.blocks[id as usize].hash != Some(*h) {
+                return Err(format!("cache maps {h:?} to block {id}, which holds another hash"));
+            }
+        }
+        if cached_free != self.num_cached_free {
+            return Err(format!("num_cached_free {} but counted {cached_free}", self.num_cached_free));
+        }
+        Ok(())
+    }
+
+    fn unlink(&mut self, id: BlockId) {
+        let (prev, next) = {
+            let m = &self.blocks[id as usize];
+            debug_assert!(m.in_free_queue);
+            (m.prev, m.next)
+        };
+        if prev == NIL {
+            self.head = next;
+        } else {
+            self.blocks[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.tail = prev;
+        } else {
+            self.blocks[next as usize].prev = prev;
+        }
+        let m = &mut self.blocks[id as usize];
+        m.prev = NIL;
+        m.next = NIL;
+        m.in_free_queue = false;
+        self.num_free -= 1;
+    }
+
+    fn push_back(&mut self, id: BlockId) {
+        let old_tail = self.tail;
+        {
+            let m = &mut self.blocks[id as usize];
+            m.prev = old_tail;
+            m.next = NIL;
+            m.in_free_queue = true;
+        }
+        if old_tail == NIL {
+            self.head = id;
+        } else {
+            self.blocks[old_tail as usize].next = id;
+        }
+        self.tail = id;
+        self.num_free += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hash::BlockHash;
+
+    fn h(i: u8) -> BlockHash {
+        BlockHash([i; 32])
+    }
+
+    #[test]
+    fn allocate_takes_from_front_and_free_appends_tail_first() {
+        let mut p = BlockPool::new(4, true);
+        let mut a = Vec::new();
+        p.allocate(3, &mut a).unwrap();
+        assert_eq!(a, vec![0, 1, 2]);
+        assert_eq!(p.free_queue(), vec![3]);
+        p.free(&a);
+        // Tail first: 2, then 1, then 0.
+        assert_eq!(p.free_queue(), vec![3, 2, 1, 0]);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn hit_pulls_block_from_middle_and_allocation_evicts_lazily() {
+        let mut p = BlockPool::new(3, true);
+        let mut a = Vec::new();
+        p.allocate(3, &mut a).unwrap();
+        for (i, &b) in a.iter().enumerate() {
+            assert_eq!(p.fill_and_cache(b, Some(h(i as u8))), Some(CacheOutcome::Created));
+        }
+        p.free(&a);
+        assert_eq!(p.free_queue(), vec![2, 1, 0]);
+        assert_eq!(p.num_cached_free(), 3);
+        // A hit on block 1 (middle of the queue).
+        assert_eq!(p.lookup(&h(1)), Some(1));
+        p.touch(&[1]);
+        assert_eq!(p.free_queue(), vec![2, 0]);
+        assert_eq!(p.num_cached_free(), 2);
+        let mut b = Vec::new();
+        let eff = p.allocate(1, &mut b).unwrap();
+        assert_eq!(b, vec![2]);
+        assert_eq!(eff, AllocEffects { allocated: 1, evicted: 1 });
+        assert_eq!(p.lookup(&h(2)), None);
+        assert_eq!(p.counters(), PoolCounters { blocks_allocated: 4, blocks_filled: 3, blocks_evicted: 1 });
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn duplicate_hash_keeps_existing_entry() {
+        let mut p = BlockPool::new(2, true);
+        let mut a = Vec::new();
+        p.allocate(2, &mut a).unwrap();
+        assert_eq!(p.fill_and_cache(0, Some(h(7))), Some(CacheOutcome::Created));
+        assert_eq!(p.fill_and_cache(1, Some(h(7))), Some(CacheOutcome::AlreadyCached));
+        assert_eq!(p.lookup(&h(7)), Some(0));
+        assert_eq!(p.block_hash(1), None);
+        p.free(&a);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn exhaustion_is_an_error_and_changes_nothing() {
+        let mut p = BlockPool::new(2, true);
+        let mut a = Vec::new();
+        assert_eq!(p.allocate(3, &mut a), Err(PoolExhausted { requested: 3, free: 2 }));
+        assert!(a.is_empty());
+        assert_eq!(p.num_free(), 2);
+        assert_eq!(p.counters(), PoolCounters::default());
+    }
+
+    #[test]
+    fn reset_only_when_idle() {
+        let mut p = BlockPool::new(2, true);
+        let mut a = Vec::new();
+        p.allocate(1, &mut a).unwrap();
+        p.fill_and_cache(a[0], Some(h(1)));
+        assert!(!p.reset_prefix_cache());
+        p.free(&a);
+        assert!(p.reset_prefix_cache());
+        assert_eq!(p.lookup(&h(1)), None);
+        assert_eq!(p.num_cached_free(), 0);
+        p.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn observer_off_changes_counters_only() {
+        let mut on = BlockPool::new(4, true);
+        let mut off = BlockPool::new(4, false);
+        for p in [&mut on, &mut off] {
+            let mut a = Vec::new();
+            p.allocate(2, &mut a).unwrap();
+            p.fill_and_cache(a[0], Some(h(1)));
+            p.free(&a);
+        }
+        assert_eq!(on.free_queue(), off.free_queue());
+        assert_eq!(off.counters(), PoolCounters::default());
+        assert_eq!(on.counters().blocks_allocated, 2);
+    }
+}

@@ -1,0 +1,81 @@
+//! The boundary between the core and a model.
+//!
+//! Each engine step the scheduler produces one [`ExecBatch`]: for every scheduled request, the
+//! tokens whose KV must be computed this step, their starting position and the request's block
+//! table. The executor writes each token's K/V into slot `pos % block_size` of block
+//! `block_table[pos / block_size]` of its arena, attends over the whole table (cached context
+//! included, causal within the chunk), and samples a token for the chunks that ask for one.
+
+use thiserror::Error;
+
+use crate::request::SamplingParams;
+use crate::{BlockId, TokenId};
+
+/// What the executor must do for one request this step.
+#[derive(Debug)]
+pub struct SeqChunk<'a> {
+    /// Index of this request's slot in the scheduler: stable while the request lives.
+    pub slot: u32,
+    /// Tokens whose KV is computed this step (positions `start_pos..start_pos + tokens.len()`).
+    pub tokens: &'a [TokenId],
+    pub start_pos: usize,
+    /// Covers at least `start_pos + tokens.len()` positions.
+    pub block_table: &'a [BlockId],
+    /// `Some` when this chunk completes the known tokens: sample the next one from the logits of
+    /// the last position. Only these positions need the lm_head.
+    pub sample: Option<SampleSpec<'a>>,
+}
+
+/// What a sampler needs for one request.
+#[derive(Debug)]
+pub struct SampleSpec<'a> {
+    pub params: &'a SamplingParams,
+    pub prompt: &'a [TokenId],
+    /// Tokens generated so far (for penalties and for a seeded draw's position).
+    pub output: &'a [TokenId],
+}
+
+/// One engine step's work.
+#[derive(Debug, Default)]
+pub struct ExecBatch<'a> {
+    pub seqs: Vec<SeqChunk<'a>>,
+}
+
+impl ExecBatch<'_> {
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// One sampled token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: TokenId,
+    /// Log-probability of `token` under the (unpenalised, untempered) model distribution.
+    pub logprob: f32,
+    /// The most likely alternatives when logprobs were requested, best first.
+    pub top_logprobs: Vec<(TokenId, f32)>,
+}
+
+impl Sampled {
+    pub fn token(token: TokenId) -> Self {
+        Sampled { token, logprob: 0.0, top_logprobs: Vec::new() }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ExecError {
+    #[error("model execution failed: {0}")]
+    Failed(String),
+}
+
+/// A model that runs over the core's paged KV blocks.
+pub trait Executor: Send {
+    /// Identity of the model for the prefix cache's hash seed: a fingerprint of the weights.
+    fn model_fingerprint(&self) -> [u8; 32];
+    /// Names the KV layout (dtype, layers, heads, head size): part of the hash seed.
+    fn kv_layout(&self) -> String;
+    /// Run one step. Returns, in `batch.seqs` order, `Some(token)` for every chunk with
+    /// `sample` set and `None` for the others.
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError>;
+}

@@ -1,0 +1,148 @@
+//! Chained, cryptographic block hashes (spec §1).
+//!
+//! `hash(block i) = BLAKE3(parent || tokens || extra keys)`, where the parent of block 0 is a seed
+//! derived from the model identity, the block size and the KV layout. Two processes serving the
+//! same model compute the same hash for the same tokens; any other model gets other hashes.
+
+use std::fmt;
+use std::hash::{BuildHasher, Hasher};
+
+use crate::TokenId;
+
+/// The key of one full block in the prefix cache.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct BlockHash(pub [u8; 32]);
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::hash::Hash for BlockHash {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write(&self.0[..8]);
+    }
+}
+
+/// The parent of every request's first block: fixed per (model, block size, KV layout).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HashSeed(pub BlockHash);
+
+impl HashSeed {
+    /// `model_fingerprint` identifies the weights (or the simulated model's config);
+    /// `kv_layout` names the KV dtype and shape, e.g. `"f16:L30:H3:D64"`.
+    pub fn new(model_fingerprint: &[u8; 32], block_size: usize, kv_layout: &str) -> Self {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cachet/block-hash/v1\0");
+        h.update(model_fingerprint);
+        h.update(&(block_size as u64).to_le_bytes());
+        h.update(&(kv_layout.len() as u64).to_le_bytes());
+        h.update(kv_layout.as_bytes());
+        HashSeed(BlockHash(*h.finalize().as_bytes()))
+    }
+}
+
+/// Extra keys mixed into block hashes: the adapter (every block) and the cache salt (first block
+/// only; the chain carries it on).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtraKeys {
+    pub adapter: Option<String>,
+    pub cache_salt: Option<String>,
+}
+
+/// Hash of block `index` with the given parent.
+pub fn hash_block(
+    parent: &BlockHash,
+    tokens: &[TokenId],
+    extra: &ExtraKeys,
+    index: usize,
+) -> BlockHash {
+    let mut h = blake3::Hasher::new();
+    h.update(&parent.0);
+    h.update(&(tokens.len() as u32).to_le_bytes());
+    for t in tokens {
+        h.update(&t.to_le_bytes());
+    }
+    // Tagged, length-prefixed extra keys so that no two different key sets share bytes.
+    if let Some(a) = &extra.adapter {
+        h.update(b"\x01");
+        h.update(&(a.len() as u64).to_le_bytes());
+        h.update(a.as_bytes());
+    }
+    if index == 0 {
+        if let Some(s) = &extra.cache_salt {
+            h.update(b"\x02");
+            h.update(&(s.len() as u64).to_le_bytes());
+            h.update(s.as_bytes());
+        }
+    }
+    BlockHash(*h.finalize().as_bytes())
+}
+
+/// A hasher for maps keyed by [`BlockHash`]: the key is already uniformly random, so the first
+/// eight bytes are the hash.
+#[derive(Default, Clone, Copy)]
+pub struct BlockHashBuildHasher;
+
+#[derive(Default)]
+pub struct BlockHashHasher(u64);
+
+impl Hasher for BlockHashHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for (i, b) in bytes.iter().take(8).enumerate() {
+            self.0 ^= (*b as u64) << (8 * i);
+        }
+    }
+}
+
+impl BuildHasher for BlockHashBuildHasher {
+    type Hasher = BlockHashHasher;
+    fn build_hasher(&self) -> BlockHashHasher {
+        BlockHashHasher(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seed_depends_on_model_block_size_and_layout() {
+        let a = HashSeed::new(&[1; 32], 16, "f16");
+        assert_eq!(a, HashSeed::new(&[1; 32], 16, "f16"));
+        assert_ne!(a, HashSeed::new(&[2; 32], 16, "f16"));
+        assert_ne!(a, HashSeed::new(&[1; 32], 32, "f16"));
+        assert_ne!(a, HashSeed::new(&[1; 32], 16, "f32"));
+    }
+
+    #[test]
+    fn salt_changes_first_block_and_chain_carries_it() {
+        let seed = HashSeed::new(&[0; 32], 4, "x").0;
+        let plain = ExtraKeys::default();
+        let salted = ExtraKeys { cache_salt: Some("tenant-a".into()), ..Default::default() };
+        let b0 = hash_block(&seed, &[1, 2, 3, 4], &plain, 0);
+        let s0 = hash_block(&seed, &[1, 2, 3, 4], &salted, 0);
+        assert_ne!(b0, s0);
+        // The salt is only mixed into block 0, but block 1 differs through its parent.
+        assert_ne!(hash_block(&b0, &[5, 6, 7, 8], &plain, 1), hash_block(&s0, &[5, 6, 7, 8], &salted, 1));
+        // Same parent, later block: salt not mixed again.
+        assert_eq!(hash_block(&b0, &[5, 6, 7, 8], &plain, 1), hash_block(&b0, &[5, 6, 7, 8], &salted, 1));
+    }
+
+    #[test]
+    fn adapter_changes_every_block() {
+        let seed = HashSeed::new(&[0; 32], 4, "x").0;
+        let a = ExtraKeys { adapter: Some("lora-1".into()), ..Default::default() };
+        assert_ne!(
+            hash_block(&seed, &[5, 6, 7, 8], &a, 3),
+            hash_block(&seed, &[5, 6, 7, 8], &ExtraKeys::default(), 3)
+        );
+    }
+}
