@@ -1,0 +1,286 @@
+"""End-to-end tests of `cachet serve --executor sim` through the official SDKs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import uuid
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from conftest import API_KEY, BLOCK_SIZE, start_server
+
+
+def oai(server) -> openai.OpenAI:
+    return openai.OpenAI(api_key=server.api_key or "unused", base_url=f"{server.base_url}/v1", max_retries=0)
+
+
+def anth(server) -> anthropic.Anthropic:
+    return anthropic.Anthropic(api_key=server.api_key or "unused", base_url=server.base_url, max_retries=0)
+
+
+def unique(n_words: int = 30) -> str:
+    """A prompt no other test sends: a random head, so its first block is new."""
+    head = uuid.uuid4().hex
+    return head + " " + " ".join(f"w{i}" for i in range(n_words))
+
+
+def tokenize(server, **body) -> int:
+    r = requests.post(f"{server.base_url}/tokenize", json=body, headers=server.headers, timeout=30)
+    r.raise_for_status()
+    data = r.json()
+    assert data["count"] == len(data["tokens"])
+    return data["count"]
+
+
+def floor_block(n: int) -> int:
+    return n // BLOCK_SIZE * BLOCK_SIZE
+
+
+# --- OpenAI ---------------------------------------------------------------------------------
+
+
+def test_models_and_health(server):
+    assert requests.get(f"{server.base_url}/health", timeout=10).status_code == 200
+    models = oai(server).models.list()
+    assert len(models.data) >= 1
+
+
+def test_chat_non_streaming(server):
+    c = oai(server)
+    r = c.chat.completions.create(
+        model=server.model(), messages=[{"role": "user", "content": unique()}], max_tokens=8
+    )
+    assert r.id
+    choice = r.choices[0]
+    assert isinstance(choice.message.content, str)
+    assert choice.finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1
+    details = r.usage.prompt_tokens_details
+    assert details is not None and details.cached_tokens is not None
+    assert "created_cache_tokens" in details.model_extra
+
+
+def test_chat_streaming_with_usage(server):
+    c = oai(server)
+    stream = c.chat.completions.create(
+        model=server.model(),
+        messages=[{"role": "user", "content": unique()}],
+        max_tokens=8,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert isinstance(text, str)
+    finishes = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert finishes and finishes[-1] in ("stop", "length")
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None
+    assert last.usage.prompt_tokens_details.cached_tokens is not None
+    assert last.model_extra.get("metrics") is not None
+
+
+def test_completions_non_streaming_and_streaming(server):
+    c = oai(server)
+    prompt = unique()
+    r = c.completions.create(model=server.model(), prompt=prompt, max_tokens=6)
+    assert isinstance(r.choices[0].text, str)
+    assert r.usage.prompt_tokens == tokenize(server, prompt=prompt)
+    chunks = list(
+        c.completions.create(
+            model=server.model(), prompt=unique(), max_tokens=6, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens >= 1
+
+
+def test_repeated_prompt_reports_cached_tokens_as_spec_predicts(server):
+    """Spec §4: creation = floor(N/B)*B on the first request; cached = floor((N-1)/B)*B on the repeat."""
+    c = oai(server)
+    prompt = unique(60)
+    n = tokenize(server, prompt=prompt)
+    first = c.completions.create(model=server.model(), prompt=prompt, max_tokens=4)
+    d1 = first.usage.prompt_tokens_details
+    assert first.usage.prompt_tokens == n
+    assert d1.cached_tokens == 0
+    assert d1.model_extra["created_cache_tokens"] == floor_block(n)
+    second = c.completions.create(model=server.model(), prompt=prompt, max_tokens=4)
+    d2 = second.usage.prompt_tokens_details
+    assert d2.cached_tokens == floor_block(n - 1)
+    assert d2.model_extra["created_cache_tokens"] == 0
+
+
+def test_repeated_chat_reports_cached_tokens(server):
+    c = oai(server)
+    messages = [{"role": "user", "content": unique(60)}]
+    n = tokenize(server, messages=messages)
+    first = c.chat.completions.create(model=server.model(), messages=messages, max_tokens=4)
+    assert first.usage.prompt_tokens == n
+    second = c.chat.completions.create(model=server.model(), messages=messages, max_tokens=4)
+    assert second.usage.prompt_tokens_details.cached_tokens == floor_block(n - 1)
+
+
+def test_openai_errors(server):
+    c = oai(server)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=server.model(), messages=[{"role": "user", "content": "hi"}], n=2)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=server.model(), messages=[], max_tokens=2)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(
+            model=server.model(), messages=[{"role": "user", "content": "hi"}], temperature=-1
+        )
+    r = requests.post(f"{server.base_url}/v1/chat/completions", data="{not json", timeout=10)
+    assert r.status_code == 400
+    assert set(r.json()["error"]) >= {"message", "type", "param", "code"}
+
+
+# --- Anthropic ------------------------------------------------------------------------------
+
+
+def test_anthropic_non_streaming_usage_adds_up(server):
+    a = anth(server)
+    system = "You are terse."
+    content = unique(40)
+    n = tokenize(server, messages=[{"role": "system", "content": system}, {"role": "user", "content": content}])
+    for _ in range(2):
+        m = a.messages.create(
+            model=server.model(),
+            max_tokens=8,
+            system=system,
+            messages=[{"role": "user", "content": [{"type": "text", "text": content, "cache_control": {"type": "ephemeral"}}]}],
+        )
+        u = m.usage
+        assert u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens == n
+        assert m.stop_reason in ("end_turn", "max_tokens", "stop_sequence")
+        assert m.content and m.content[0].type == "text"
+    assert u.cache_read_input_tokens == floor_block(n - 1)
+
+
+def test_anthropic_streaming_event_sequence(server):
+    a = anth(server)
+    content = unique(20)
+    with a.messages.stream(
+        model=server.model(), max_tokens=8, messages=[{"role": "user", "content": content}]
+    ) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    raw = [e for e in events if e in {"message_start", "content_block_start", "content_block_delta", "content_block_stop", "message_delta", "message_stop"}]
+    assert raw[0] == "message_start"
+    assert raw[1] == "content_block_start"
+    assert raw[-3:] == ["content_block_stop", "message_delta", "message_stop"]
+    n = tokenize(server, messages=[{"role": "user", "content": content}])
+    u = final.usage
+    assert u.input_tokens + (u.cache_read_input_tokens or 0) + (u.cache_creation_input_tokens or 0) == n
+    assert final.stop_reason in ("end_turn", "max_tokens")
+
+
+def test_anthropic_errors(server):
+    a = anth(server)
+    with pytest.raises(anthropic.NotFoundError):
+        a.messages.create(model="nope", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    r = requests.post(f"{server.base_url}/v1/messages", json={"model": server.model(), "messages": []}, timeout=10)
+    assert r.status_code == 400
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+# --- per-request metrics --------------------------------------------------------------------
+
+PREFIX_FIELDS = {
+    "prompt_tokens", "local_cached_tokens", "external_cached_tokens", "cached_tokens", "computed_tokens",
+    "cache_creation_tokens", "prefill_chunks", "blocks_allocated", "blocks_filled", "blocks_evicted",
+    "preemptions", "prefill_time_ms", "queue_time_ms",
+}
+TIMING_FIELDS = {"queue_time_ms", "time_to_first_token_ms", "generation_time_ms", "mean_itl_ms", "tokens_per_second"}
+
+
+def _chat_raw(server, **extra):
+    body = {"model": server.model(), "messages": [{"role": "user", "content": unique()}], "max_tokens": 4, **extra}
+    return requests.post(f"{server.base_url}/v1/chat/completions", json=body, headers=server.headers, timeout=60)
+
+
+def test_per_request_metrics_only_with_flag(server, plain_server):
+    with_flag = _chat_raw(server).json()
+    assert TIMING_FIELDS <= set(with_flag["metrics"])
+    assert PREFIX_FIELDS <= set(with_flag["metrics"]["prefix_cache"])
+    assert with_flag["metrics"]["prefix_cache"]["cached_tokens"] == with_flag["usage"]["prompt_tokens_details"]["cached_tokens"]
+    without = _chat_raw(plain_server).json()
+    assert "metrics" not in without
+    assert without["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+    m = requests.post(
+        f"{server.base_url}/v1/messages",
+        json={"model": server.model(), "max_tokens": 4, "messages": [{"role": "user", "content": unique()}]},
+        timeout=60,
+    ).json()
+    assert PREFIX_FIELDS <= set(m["metrics"]["prefix_cache"])
+
+
+# --- /metrics -------------------------------------------------------------------------------
+
+
+def test_metrics_exposition_and_promtool(server):
+    _chat_raw(server)
+    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    for name in [
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:num_requests_running",
+        "vllm:kv_cache_usage_perc", "vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
+        "vllm:prompt_tokens_by_source_total", "cachet:cache_creation_tokens_total",
+    ]:
+        assert name in text, name
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package `prometheus`): exposition not linted")
+    res = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# --- auth -----------------------------------------------------------------------------------
+
+
+def test_api_key(auth_server):
+    base = auth_server.base_url
+    assert requests.get(f"{base}/health", timeout=10).status_code == 200
+    assert requests.get(f"{base}/metrics", timeout=10).status_code == 200
+    r = requests.get(f"{base}/v1/models", timeout=10)
+    assert r.status_code == 401 and "error" in r.json()
+    r = requests.post(f"{base}/v1/messages", json={}, headers={"x-api-key": "wrong"}, timeout=10)
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    c = oai(auth_server)
+    r = c.chat.completions.create(model=auth_server.model(), messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    assert r.choices
+    m = anth(auth_server).messages.create(model=auth_server.model(), max_tokens=2, messages=[{"role": "user", "content": "hi"}])
+    assert m.content is not None
+    bad = openai.OpenAI(api_key="wrong", base_url=f"{base}/v1", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    assert API_KEY == auth_server.api_key
+
+
+# --- real model -----------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(os.environ.get("CACHET_E2E_REAL_MODEL") != "1", reason="set CACHET_E2E_REAL_MODEL=1 (and CACHET_E2E_MODEL_ARGS)")
+def test_real_model_smoke():
+    model_args = shlex.split(os.environ.get("CACHET_E2E_MODEL_ARGS", ""))
+    s = start_server(["--enable-per-request-metrics"], executor_args=model_args)
+    try:
+        c = oai(s)
+        messages = [{"role": "user", "content": "Write one sentence about the sea. " * 4}]
+        r1 = c.chat.completions.create(model=s.model(), messages=messages, max_tokens=24, temperature=0)
+        assert r1.choices[0].message.content.strip()
+        r2 = c.chat.completions.create(model=s.model(), messages=messages, max_tokens=24, temperature=0)
+        assert r2.usage.prompt_tokens_details.cached_tokens > 0
+        assert json.loads(r2.model_dump_json())["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
+    finally:
+        s.stop()
