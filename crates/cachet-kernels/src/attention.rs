@@ -1,0 +1,280 @@
+//! Paged attention over the KV block arena of one layer.
+//!
+//! Arena layout (contract with `cachet-model`): K and V are separate slices, each
+//! `[num_blocks][block_size][n_kv_heads][head_dim]` of `f32` or `half::f16`.
+//! Position `p` of a sequence lives in block `block_table[p / block_size]`, slot
+//! `p % block_size`. K/V are read in place (no gather, no repeat_kv): every K/V row is
+//! loaded once per query token and used for all query heads of its GQA group, with an
+//! online (streaming) softmax over chunks of positions.
+
+use half::f16;
+
+use crate::isa::{self, Isa};
+use crate::pool::ThreadPool;
+use crate::quant::SendPtr;
+
+/// Element type of the KV arena.
+pub trait KvElem: Copy + Send + Sync + 'static {
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    /// True for `half::f16` (lets the SIMD kernels pick the conversion path).
+    const IS_F16: bool = false;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    #[inline(always)]
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    const IS_F16: bool = true;
+}
+
+/// Arguments of [`paged_attention`].
+#[derive(Clone, Copy, Debug)]
+pub struct PagedAttnArgs<'a> {
+    pub block_table: &'a [u32],
+    pub block_size: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub start_pos: usize,
+    pub n_tokens: usize,
+    pub scale: f32,
+}
+
+/// Positions processed per softmax chunk.
+pub(crate) const CHUNK: usize = 32;
+
+/// `q: [n_tokens][n_heads][head_dim]`; query token `i` sits at position `start_pos + i` and
+/// attends to positions `0..=start_pos + i`. Writes `out: [n_tokens][n_heads][head_dim]`.
+///
+/// Panics if the arguments are inconsistent (slice lengths, block table too short, head
+/// counts not divisible) — these are programmer errors in the caller.
+pub fn paged_attention<T: KvElem>(
+    args: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+) {
+    check_args(args, q, k, v, out);
+    let n_groups = args.n_kv_heads;
+    let isa = isa::active();
+    for t in 0..args.n_tokens {
+        for g in 0..n_groups {
+            attend_group(isa, args, q, k, v, out, t, g);
+        }
+    }
+}
+
+/// Like [`paged_attention`], with (token, kv-head) work items spread over `pool`.
+pub fn paged_attention_parallel<T: KvElem>(
+    pool: &ThreadPool,
+    args: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+) {
+    check_args(args, q, k, v, out);
+    let isa = isa::active();
+    let n_items = args.n_tokens * args.n_kv_heads;
+    let op = SendPtr(out.as_mut_ptr());
+    let out_len = out.len();
+    pool.parallel_for(n_items, &|item| {
+        let (t, g) = (item / args.n_kv_heads, item % args.n_kv_heads);
+        // SAFETY: each (t, g) item writes only the rows of `out` belonging to token t and the
+        // query heads of group g, which are disjoint across items; we rebuild a full-length
+        // slice but `attend_group` touches only that item's rows.
+        let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
+        attend_group(isa, args, q, k, v, out, t, g);
+    });
+}
+
+fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &mut [f32]) {
+    let a = args;
+    assert!(
+        a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
+        "n_heads must be a multiple of n_kv_heads"
+    );
+    assert!(
+        a.block_size > 0 && a.head_dim > 0,
+        "block_size and head_dim must be > 0"
+    );
+    let qn = a.n_tokens * a.n_heads * a.head_dim;
+    assert!(q.len() >= qn && out.len() >= qn, "q/out too short");
+    let ctx = a.start_pos + a.n_tokens;
+    let nblk = ctx.div_ceil(a.block_size);
+    assert!(
+        a.block_table.len() >= nblk,
+        "block table too short for {ctx} positions"
+    );
+    let row = a.n_kv_heads * a.head_dim;
+    let blk = a.block_size * row;
+    let max_b = a.block_table[..nblk].iter().copied().max().unwrap_or(0) as usize;
+    if nblk > 0 {
+        assert!(
+            k.len() >= (max_b + 1) * blk && v.len() >= (max_b + 1) * blk,
+            "K/V arena too short"
+        );
+    }
+}
+
+/// Attention of all query heads in kv group `g` for query token `t`.
+#[allow(clippy::too_many_arguments)]
+fn attend_group<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+    t: usize,
+    g: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, out, t, g) {
+        return;
+    }
+    let _ = isa;
+    attend_group_scalar(a, q, k, v, out, t, g);
+}
+
+fn attend_group_scalar<T: KvElem>(
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+    t: usize,
+    g: usize,
+) {
+    let hd = a.head_dim;
+    let gs = a.n_heads / a.n_kv_heads;
+    let ctx = a.start_pos + t + 1;
+    let row = a.n_kv_heads * hd;
+    let mut m = vec![f32::NEG_INFINITY; gs];
+    let mut l = vec![0f32; gs];
+    let mut acc = vec![0f32; gs * hd];
+    let mut s = vec![0f32; gs * CHUNK];
+    let mut c0 = 0;
+    while c0 < ctx {
+        let n = (ctx - c0).min(CHUNK);
+        for j in 0..n {
+            let p = c0 + j;
+            let off = (a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size)
+                * row
+                + g * hd;
+            let kr = &k[off..off + hd];
+            for h in 0..gs {
+                let qh = &q[(t * a.n_heads + g * gs + h) * hd..][..hd];
+                let mut d = 0f32;
+                for (x, y) in qh.iter().zip(kr) {
+                    d += x * y.to_f32();
+                }
+                s[h * CHUNK + j] = d * a.scale;
+            }
+        }
+        for h in 0..gs {
+            let sh = &mut s[h * CHUNK..h * CHUNK + n];
+            let cmax = sh.iter().fold(f32::NEG_INFINITY, |x, &y| x.max(y));
+            let new_m = m[h].max(cmax);
+            let alpha = if m[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (m[h] - new_m).exp()
+            };
+            let mut sum = 0f32;
+            for x in sh.iter_mut() {
+                *x = (*x - new_m).exp();
+                sum += *x;
+            }
+            l[h] = l[h] * alpha + sum;
+            m[h] = new_m;
+            for x in &mut acc[h * hd..(h + 1) * hd] {
+                *x *= alpha;
+            }
+        }
+        for j in 0..n {
+            let p = c0 + j;
+            let off = (a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size)
+                * row
+                + g * hd;
+            let vr = &v[off..off + hd];
+            for h in 0..gs {
+                let w = s[h * CHUNK + j];
+                for (o, y) in acc[h * hd..(h + 1) * hd].iter_mut().zip(vr) {
+                    *o += w * y.to_f32();
+                }
+            }
+        }
+        c0 += n;
+    }
+    for h in 0..gs {
+        let inv = if l[h] > 0.0 { 1.0 / l[h] } else { 0.0 };
+        let o = &mut out[(t * a.n_heads + g * gs + h) * hd..][..hd];
+        for (o, x) in o.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
+            *o = x * inv;
+        }
+    }
+}
+
+/// Naive reference: gathers the context and computes softmax(q·Kᵀ·scale)·V per head.
+pub fn attention_reference<T: KvElem>(
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+) {
+    let hd = a.head_dim;
+    let gs = a.n_heads / a.n_kv_heads;
+    let row = a.n_kv_heads * hd;
+    for t in 0..a.n_tokens {
+        let ctx = a.start_pos + t + 1;
+        for h in 0..a.n_heads {
+            let g = h / gs;
+            let qh = &q[(t * a.n_heads + h) * hd..][..hd];
+            let pos_off = |p: usize| {
+                (a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size) * row
+                    + g * hd
+            };
+            let scores: Vec<f64> = (0..ctx)
+                .map(|p| {
+                    let kr = &k[pos_off(p)..][..hd];
+                    qh.iter()
+                        .zip(kr)
+                        .map(|(x, y)| *x as f64 * y.to_f32() as f64)
+                        .sum::<f64>()
+                        * a.scale as f64
+                })
+                .collect();
+            let mx = scores.iter().fold(f64::NEG_INFINITY, |x, &y| x.max(y));
+            let e: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+            let z: f64 = e.iter().sum();
+            let o = &mut out[(t * a.n_heads + h) * hd..][..hd];
+            for (dd, o) in o.iter_mut().enumerate() {
+                let mut acc = 0f64;
+                for (p, w) in e.iter().enumerate() {
+                    acc += w * v[pos_off(p) + dd].to_f32() as f64;
+                }
+                *o = (acc / z) as f32;
+            }
+        }
+    }
+}

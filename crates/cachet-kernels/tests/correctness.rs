@@ -1,0 +1,478 @@
+//! Kernels vs scalar references, on every ISA level this CPU supports.
+
+use std::sync::Mutex;
+
+use cachet_kernels::attention::{
+    attention_reference, paged_attention, paged_attention_parallel, KvElem, PagedAttnArgs,
+};
+use cachet_kernels::isa::{self, Isa};
+use cachet_kernels::quant::{
+    self, dequantize_block, dequantize_row_bytes, quantize_row, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ6K, BlockQ8_0,
+};
+use cachet_kernels::{QMatrix, ThreadPool, WeightType};
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// The ISA override is process-global: serialise the tests that use it.
+static ISA_LOCK: Mutex<()> = Mutex::new(());
+
+fn for_each_isa(mut f: impl FnMut(Isa)) {
+    let _g = ISA_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+    for level in Isa::supported() {
+        isa::set_override(Some(level));
+        assert_eq!(isa::active(), level);
+        f(level);
+    }
+    isa::set_override(None);
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
+}
+
+const ALL_TYPES: [WeightType; 7] = [
+    WeightType::F32,
+    WeightType::F16,
+    WeightType::Q8_0,
+    WeightType::Q4_0,
+    WeightType::Q4_1,
+    WeightType::Q4K,
+    WeightType::Q6K,
+];
+
+// ------------------------------------------------------------------ ggml layouts
+
+#[test]
+fn q8_0_known_values() {
+    let x: Vec<f32> = (0..32).map(|j| j as f32 - 16.0).collect();
+    let b = quant::quantize_block_q8_0(&x);
+    let d = 16.0f32 / 127.0;
+    assert_eq!(b.d, f16::from_f32(d));
+    for j in 0..32 {
+        assert_eq!(b.qs[j] as i32, ((j as f32 - 16.0) / d).round() as i32);
+    }
+    let bytes = b.to_bytes();
+    assert_eq!(bytes.len(), 34);
+    assert_eq!(&bytes[..2], &f16::from_f32(d).to_bits().to_le_bytes());
+    assert_eq!(BlockQ8_0::from_bytes(&bytes), b);
+    let mut out = [0f32; 32];
+    dequantize_block(WeightType::Q8_0, &bytes, &mut out).unwrap();
+    for j in 0..32 {
+        assert_eq!(out[j], b.qs[j] as f32 * b.d.to_f32());
+        assert!((out[j] - x[j]).abs() < 0.1);
+    }
+}
+
+#[test]
+fn q4_0_known_layout() {
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        qs[j] = (j as u8) | ((15 - j as u8) << 4);
+    }
+    let blk = BlockQ4_0 {
+        d: f16::from_f32(0.5),
+        qs,
+    };
+    let bytes = blk.to_bytes();
+    assert_eq!(bytes.len(), 18);
+    let mut out = [0f32; 32];
+    dequantize_block(WeightType::Q4_0, &bytes, &mut out).unwrap();
+    for j in 0..16 {
+        assert_eq!(out[j], (j as f32 - 8.0) * 0.5);
+        assert_eq!(out[j + 16], (15.0 - j as f32 - 8.0) * 0.5);
+    }
+    // ggml reference quantizer: the signed abs-max maps to -8.
+    let x: Vec<f32> = (0..32).map(|j| (j as f32 - 10.0) * 0.25).collect();
+    let b = quant::quantize_block_q4_0(&x);
+    assert_eq!(b.d, f16::from_f32(5.25 / -8.0));
+    dequantize_block(WeightType::Q4_0, &b.to_bytes(), &mut out).unwrap();
+    for j in 0..32 {
+        assert!(
+            (out[j] - x[j]).abs() <= 0.33 + 1e-3,
+            "{j}: {} vs {}",
+            out[j],
+            x[j]
+        );
+    }
+    assert_eq!(out[31], x[31] * 0.0 + (0 - 8) as f32 * b.d.to_f32());
+}
+
+#[test]
+fn q4_1_known_layout() {
+    let mut qs = [0u8; 16];
+    for j in 0..16 {
+        qs[j] = (j as u8) | (((j as u8 * 7) % 16) << 4);
+    }
+    let blk = BlockQ4_1 {
+        d: f16::from_f32(0.25),
+        m: f16::from_f32(-1.0),
+        qs,
+    };
+    let bytes = blk.to_bytes();
+    assert_eq!(bytes.len(), 20);
+    assert_eq!(BlockQ4_1::from_bytes(&bytes), blk);
+    let mut out = [0f32; 32];
+    dequantize_block(WeightType::Q4_1, &bytes, &mut out).unwrap();
+    for j in 0..16 {
+        assert_eq!(out[j], j as f32 * 0.25 - 1.0);
+        assert_eq!(out[j + 16], ((j * 7) % 16) as f32 * 0.25 - 1.0);
+    }
+    let x: Vec<f32> = (0..32).map(|j| j as f32 * 0.1 - 1.0).collect();
+    let b = quant::quantize_block_q4_1(&x);
+    assert_eq!(b.m, f16::from_f32(-1.0));
+    assert_eq!(b.d, f16::from_f32(3.1 / 15.0));
+    assert_eq!(b.qs[0] & 0xF, 0);
+    assert_eq!(b.qs[15] >> 4, 15);
+}
+
+#[test]
+fn q4k_known_layout() {
+    let ls: [u8; 8] = [1, 63, 17, 33, 2, 40, 63, 9];
+    let lm: [u8; 8] = [0, 5, 48, 31, 63, 16, 1, 20];
+    let scales = quant::q4k_pack_scales(&ls, &lm);
+    for j in 0..8 {
+        assert_eq!(quant::q4k_scale_min(j, &scales), (ls[j], lm[j]));
+    }
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut qs = [0u8; 128];
+    rng.fill(&mut qs[..]);
+    let blk = BlockQ4K {
+        d: f16::from_f32(0.5),
+        dmin: f16::from_f32(0.25),
+        scales,
+        qs,
+    };
+    let bytes = blk.to_bytes();
+    assert_eq!(bytes.len(), 144);
+    assert_eq!(&bytes[4..16], &scales);
+    let mut out = [0f32; 256];
+    dequantize_block(WeightType::Q4K, &bytes, &mut out).unwrap();
+    for i in 0..256 {
+        let (j, w) = (i / 64, i % 64);
+        let sub = 2 * j + usize::from(w >= 32);
+        let q = if w < 32 {
+            qs[32 * j + w] & 0xF
+        } else {
+            qs[32 * j + w - 32] >> 4
+        };
+        let want = 0.5 * ls[sub] as f32 * q as f32 - 0.25 * lm[sub] as f32;
+        assert_eq!(out[i], want, "value {i}");
+    }
+}
+
+#[test]
+fn q6k_known_layout() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let mut ql = [0u8; 128];
+    let mut qh = [0u8; 64];
+    rng.fill(&mut ql[..]);
+    rng.fill(&mut qh[..]);
+    let mut scales = [0i8; 16];
+    for (i, s) in scales.iter_mut().enumerate() {
+        *s = (i as i8 - 8) * 9;
+    }
+    let blk = BlockQ6K {
+        ql,
+        qh,
+        scales,
+        d: f16::from_f32(0.125),
+    };
+    let bytes = blk.to_bytes();
+    assert_eq!(bytes.len(), 210);
+    assert_eq!(BlockQ6K::from_bytes(&bytes), blk);
+    let mut out = [0f32; 256];
+    dequantize_block(WeightType::Q6K, &bytes, &mut out).unwrap();
+    for i in 0..256 {
+        let (n, r) = (i / 128, i % 128);
+        let (k, l) = (r / 32, r % 32);
+        let byte = ql[64 * n + l + 32 * (k % 2)];
+        let lo = if k < 2 { byte & 0xF } else { byte >> 4 };
+        let hi = (qh[32 * n + l] >> (2 * k)) & 3;
+        let code = (lo | (hi << 4)) as i32;
+        let want = 0.125 * scales[i / 16] as f32 * (code - 32) as f32;
+        assert_eq!(out[i], want, "value {i}");
+    }
+}
+
+#[test]
+fn quantize_roundtrip_all_types() {
+    let mut rng = StdRng::seed_from_u64(3);
+    for ty in ALL_TYPES {
+        let x = rand_vec(&mut rng, 512);
+        let bytes = quantize_row(ty, &x).unwrap();
+        assert_eq!(bytes.len(), ty.row_bytes(512));
+        let mut out = vec![0f32; 512];
+        dequantize_row_bytes(ty, &bytes, &mut out).unwrap();
+        let tol = match ty {
+            WeightType::F32 => 0.0,
+            WeightType::F16 => 1e-3,
+            WeightType::Q8_0 => 0.01,
+            WeightType::Q6K => 0.04,
+            _ => 0.15,
+        };
+        for (a, b) in out.iter().zip(&x) {
+            assert!((a - b).abs() <= tol, "{ty:?}: {a} vs {b}");
+        }
+    }
+}
+
+#[test]
+fn constructor_errors() {
+    assert!(QMatrix::from_gguf_bytes(WeightType::Q4_1, 2, 33, &[0; 40]).is_err());
+    assert!(QMatrix::from_gguf_bytes(WeightType::Q4_1, 2, 32, &[0; 39]).is_err());
+    assert!(QMatrix::from_gguf_bytes(WeightType::Q4K, 1, 128, &[0; 72]).is_err());
+    assert!(QMatrix::from_gguf_bytes(WeightType::Q4_1, 0, 32, &[]).is_err());
+    assert!(QMatrix::from_gguf_bytes(WeightType::Q4_1, 2, 32, &[0; 40]).is_ok());
+    let m = QMatrix::from_gguf_bytes(WeightType::Q8_0, 2, 32, &[0; 68]).unwrap();
+    let pool = ThreadPool::new(1);
+    let mut y = [0f32; 1];
+    assert!(m.try_matmul(&pool, &[0.0; 32], 1, &mut y).is_err());
+    assert!(m.try_matmul(&pool, &[0.0; 31], 1, &mut [0.0; 2]).is_err());
+    assert!(WeightType::from_ggml_type_id(99).is_err());
+    for ty in ALL_TYPES {
+        assert_eq!(
+            WeightType::from_ggml_type_id(ty.ggml_type_id()).unwrap(),
+            ty
+        );
+    }
+}
+
+// ------------------------------------------------------------------ matmul
+
+fn check_matmul(
+    ty: WeightType,
+    rows: usize,
+    cols: usize,
+    ms: &[usize],
+    pool: &ThreadPool,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let w = rand_vec(&mut rng, rows * cols);
+    let mut bytes = Vec::new();
+    for r in w.chunks(cols) {
+        bytes.extend_from_slice(&quantize_row(ty, r).unwrap());
+    }
+    let mat = QMatrix::from_gguf_bytes(ty, rows, cols, &bytes).unwrap();
+    // Reference weights: dequantized straight from the ggml bytes.
+    let rb = ty.row_bytes(cols);
+    let mut wd = vec![0f32; rows * cols];
+    for r in 0..rows {
+        dequantize_row_bytes(
+            ty,
+            &bytes[r * rb..(r + 1) * rb],
+            &mut wd[r * cols..(r + 1) * cols],
+        )
+        .unwrap();
+    }
+    // dequantize_row of the repacked matrix is bit-exact.
+    let mut row = vec![0f32; cols];
+    for r in [0, rows / 2, rows - 1] {
+        mat.dequantize_row(r, &mut row);
+        assert_eq!(
+            &row[..],
+            &wd[r * cols..(r + 1) * cols],
+            "{ty:?} dequantize_row {r}"
+        );
+    }
+    let wn: Vec<f64> = wd
+        .chunks(cols)
+        .map(|r| r.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt())
+        .collect();
+    for &m in ms {
+        let mut x = rand_vec(&mut rng, m * cols);
+        if m > 2 {
+            // an outlier row and an all-zero row
+            x[cols..2 * cols].iter_mut().for_each(|v| *v *= 30.0);
+            x[2 * cols..3 * cols].iter_mut().for_each(|v| *v = 0.0);
+        }
+        let mut y = vec![f32::NAN; m * rows + 3];
+        mat.matmul(pool, &x, m, &mut y);
+        assert!(
+            y[m * rows..].iter().all(|v| v.is_nan()),
+            "wrote past m*rows"
+        );
+        let tol_rel = match ty {
+            WeightType::F32 | WeightType::F16 => 1e-5,
+            _ => 2e-2,
+        };
+        for i in 0..m {
+            let xi = &x[i * cols..(i + 1) * cols];
+            let xn = xi.iter().map(|v| (*v as f64).powi(2)).sum::<f64>().sqrt();
+            for r in 0..rows {
+                let want: f64 = xi
+                    .iter()
+                    .zip(&wd[r * cols..(r + 1) * cols])
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum();
+                let got = y[i * rows + r] as f64;
+                let tol = tol_rel * xn * wn[r] + 1e-6;
+                assert!(
+                    (got - want).abs() <= tol,
+                    "{ty:?} isa={} {rows}x{cols} m={m} y[{i}][{r}] = {got}, want {want} (tol {tol})",
+                    isa::active()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_legacy_types_all_isas() {
+    let pool = ThreadPool::new(2);
+    for_each_isa(|_| {
+        for ty in [
+            WeightType::Q4_0,
+            WeightType::Q4_1,
+            WeightType::Q8_0,
+            WeightType::F32,
+            WeightType::F16,
+        ] {
+            for (rows, cols) in [(1, 32), (17, 96), (50, 576), (33, 1536), (200, 64)] {
+                check_matmul(
+                    ty,
+                    rows,
+                    cols,
+                    &[1, 3, 7, 33],
+                    &pool,
+                    rows as u64 * 31 + cols as u64,
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn matmul_kquants_all_isas() {
+    let pool = ThreadPool::new(3);
+    for_each_isa(|_| {
+        for ty in [WeightType::Q4K, WeightType::Q6K] {
+            for (rows, cols) in [(1, 256), (19, 512), (40, 256)] {
+                check_matmul(
+                    ty,
+                    rows,
+                    cols,
+                    &[1, 3, 7, 33],
+                    &pool,
+                    rows as u64 * 7 + cols as u64,
+                );
+            }
+        }
+    });
+}
+
+#[test]
+fn isa_levels_agree_closely() {
+    // All levels run the same integer math: results agree up to f32 summation order.
+    let pool = ThreadPool::new(2);
+    let mut rng = StdRng::seed_from_u64(9);
+    let (rows, cols, m) = (45, 576, 5);
+    let w = rand_vec(&mut rng, rows * cols);
+    let x = rand_vec(&mut rng, m * cols);
+    for ty in [
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q8_0,
+        WeightType::Q4K,
+        WeightType::Q6K,
+    ] {
+        let cols = if matches!(ty, WeightType::Q4K | WeightType::Q6K) {
+            512
+        } else {
+            cols
+        };
+        let mat = QMatrix::quantize_f32(ty, rows, cols, &w[..rows * cols]).unwrap();
+        let mut outs = Vec::new();
+        for_each_isa(|_| {
+            let mut y = vec![0f32; m * rows];
+            mat.matmul(&pool, &x[..m * cols], m, &mut y);
+            outs.push(y);
+        });
+        for o in &outs[1..] {
+            for (a, b) in o.iter().zip(&outs[0]) {
+                assert!(
+                    (a - b).abs() <= 1e-3 * (1.0 + b.abs()),
+                    "{ty:?}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ attention
+
+fn check_attention<T: KvElem>(
+    pool: &ThreadPool,
+    n_heads: usize,
+    n_kv: usize,
+    hd: usize,
+    bs: usize,
+    start: usize,
+    n_tok: usize,
+    seed: u64,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let ctx = start + n_tok;
+    let nblk = ctx.div_ceil(bs);
+    let num_blocks = nblk + 3;
+    // a shuffled block table
+    let mut table: Vec<u32> = (0..num_blocks as u32).collect();
+    for i in (1..table.len()).rev() {
+        let j = rng.gen_range(0..=i);
+        table.swap(i, j);
+    }
+    table.truncate(nblk);
+    let arena = num_blocks * bs * n_kv * hd;
+    let k: Vec<T> = (0..arena)
+        .map(|_| T::from_f32(rng.gen_range(-2.0..2.0)))
+        .collect();
+    let v: Vec<T> = (0..arena)
+        .map(|_| T::from_f32(rng.gen_range(-1.0..1.0)))
+        .collect();
+    let q = rand_vec(&mut rng, n_tok * n_heads * hd);
+    let args = PagedAttnArgs {
+        block_table: &table,
+        block_size: bs,
+        n_heads,
+        n_kv_heads: n_kv,
+        head_dim: hd,
+        start_pos: start,
+        n_tokens: n_tok,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let mut want = vec![0f32; q.len()];
+    attention_reference(&args, &q, &k, &v, &mut want);
+    let mut got = vec![0f32; q.len()];
+    paged_attention(&args, &q, &k, &v, &mut got);
+    let mut got_par = vec![0f32; q.len()];
+    paged_attention_parallel(pool, &args, &q, &k, &v, &mut got_par);
+    for (i, ((a, b), c)) in got.iter().zip(&want).zip(&got_par).enumerate() {
+        assert!(
+            (a - b).abs() < 2e-4,
+            "isa={} h={n_heads}/{n_kv} hd={hd} bs={bs} start={start} n={n_tok} [{i}] {a} vs {b}",
+            isa::active()
+        );
+        assert!((c - b).abs() < 2e-4, "parallel [{i}] {c} vs {b}");
+    }
+}
+
+#[test]
+fn paged_attention_all_isas() {
+    let pool = ThreadPool::new(2);
+    for_each_isa(|_| {
+        for &(nh, nkv, hd, bs, start, n) in &[
+            (9, 3, 64, 16, 0, 1),
+            (9, 3, 64, 16, 37, 1),
+            (9, 3, 64, 16, 100, 5),
+            (4, 4, 32, 8, 0, 9),
+            (8, 2, 128, 32, 70, 3),
+            (6, 1, 48, 5, 13, 4),
+            (2, 1, 20, 3, 7, 2),
+        ] {
+            check_attention::<f32>(&pool, nh, nkv, hd, bs, start, n, 5 + start as u64);
+            check_attention::<f16>(&pool, nh, nkv, hd, bs, start, n, 6 + start as u64);
+        }
+    });
+}
