@@ -1404,7 +1404,7 @@ fn run_tile(isa: Isa, job: &TileJob) {
 }
 
 /// Portable micro-kernel (same integer math as the SIMD kernels).
-pub(crate) fn tile_scalar(job: &TileJob) {
+fn tile_scalar(job: &TileJob) {
     let p = job.p;
     let f = p.fmt;
     let bk = f.bk();

@@ -1,28 +1,329 @@
-//! x86-64 SIMD kernels (AVX2 and AVX-512 VNNI), selected at run time.
-#![allow(clippy::missing_safety_doc)]
+//! x86-64 SIMD kernels (AVX2 and AVX-512 VNNI), selected at run time by [`crate::isa`].
+//!
+//! Every `#[target_feature]` function here is only called after the corresponding
+//! [`Isa`] level was detected (callers pass `isa::active()`, which never exceeds
+//! `isa::detected()`).
+
+use std::arch::x86_64::*;
 
 use crate::attention::{KvElem, PagedAttnArgs};
 use crate::isa::Isa;
-use crate::quant::TileJob;
+use crate::quant::{Fmt, PFmt, TileJob, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP};
 
-pub(crate) fn quantize_act_row(
-    _isa: Isa,
-    x: &[f32],
-    bk: usize,
-    q: &mut [i8],
-    d: &mut [f32],
-    s: &mut [f32],
-) {
-    crate::quant::quantize_act_row_scalar(x, bk, q, d, s)
+// ------------------------------------------------------------------ activation quantization
+
+pub(crate) fn quantize_act_row(isa: Isa, x: &[f32], bk: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    debug_assert!(x.len() % bk == 0 && q.len() >= x.len() && d.len() >= x.len() / bk && s.len() >= x.len() / bk);
+    if isa >= Isa::Avx512 && bk % 16 == 0 {
+        // SAFETY: AVX-512 was detected (isa <= detected); slice bounds checked above.
+        unsafe { quantize_act_row_512(x, bk, q, d, s) }
+    } else {
+        crate::quant::quantize_act_row_scalar(x, bk, q, d, s)
+    }
 }
 
-pub(crate) fn dot_f32(_isa: Isa, a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq")]
+unsafe fn quantize_act_row_512(x: &[f32], bk: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    let nb = x.len() / bk;
+    let vpb = bk / 16;
+    let absmask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fff_ffff));
+    for b in 0..nb {
+        let xp = x.as_ptr().add(b * bk);
+        let mut mx = _mm512_setzero_ps();
+        for v in 0..vpb {
+            mx = _mm512_max_ps(mx, _mm512_and_ps(_mm512_loadu_ps(xp.add(16 * v)), absmask));
+        }
+        let amax = _mm512_reduce_max_ps(mx);
+        let db = amax / 127.0;
+        let id = _mm512_set1_ps(if db != 0.0 { 1.0 / db } else { 0.0 });
+        let mut sum = _mm512_setzero_si512();
+        for v in 0..vpb {
+            let qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xp.add(16 * v)), id));
+            sum = _mm512_add_epi32(sum, qi);
+            _mm_storeu_si128(q.as_mut_ptr().add(b * bk + 16 * v) as *mut __m128i, _mm512_cvtsepi32_epi8(qi));
+        }
+        d[b] = db;
+        s[b] = db * _mm512_reduce_add_epi32(sum) as f32;
+    }
 }
 
-pub(crate) fn run_tile(_isa: Isa, job: &TileJob) {
-    crate::quant::tile_scalar(job)
+// ------------------------------------------------------------------ f32 dot
+
+pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    let n = a.len().min(b.len());
+    if isa >= Isa::Avx512 {
+        // SAFETY: AVX-512F detected; reads stay within n elements.
+        unsafe { dot_f32_512(a.as_ptr(), b.as_ptr(), n) }
+    } else {
+        // SAFETY: AVX2+FMA detected; reads stay within n elements.
+        unsafe { dot_f32_avx2(a.as_ptr(), b.as_ptr(), n) }
+    }
 }
+
+#[target_feature(enable = "avx512f")]
+unsafe fn dot_f32_512(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 64 <= n {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16 * j)), _mm512_loadu_ps(b.add(i + 16 * j)), *acc);
+        }
+        i += 64;
+    }
+    while i + 16 <= n {
+        acc[0] = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i)), _mm512_loadu_ps(b.add(i)), acc[0]);
+        i += 16;
+    }
+    if i < n {
+        let m: __mmask16 = ((1u32 << (n - i)) - 1) as __mmask16;
+        acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.add(i)), _mm512_maskz_loadu_ps(m, b.add(i)), acc[1]);
+    }
+    let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    _mm512_reduce_add_ps(s)
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_f32_avx2(a: *const f32, b: *const f32, n: usize) -> f32 {
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for (j, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * j)), _mm256_loadu_ps(b.add(i + 8 * j)), *acc);
+        }
+        i += 32;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut t = [0f32; 8];
+    _mm256_storeu_ps(t.as_mut_ptr(), s);
+    let mut r: f32 = t.iter().sum();
+    while i < n {
+        r += *a.add(i) * *b.add(i);
+        i += 1;
+    }
+    r
+}
+
+// ------------------------------------------------------------------ quantized GEMM tiles
+
+/// Dispatch one tile to the best kernel for `isa`.
+pub(crate) fn run_tile(isa: Isa, job: &TileJob) {
+    macro_rules! go {
+        ($kern:ident, $F:ty) => {
+            // SAFETY: the kernel's target features were detected (isa <= detected()), and the
+            // job's pointers/extents were validated by the tile driver.
+            unsafe {
+                match (job.mr, job.ng) {
+                    (1, 1) => $kern::<$F, 1, 1>(job),
+                    (1, _) => $kern::<$F, 1, 2>(job),
+                    (2, 1) => $kern::<$F, 2, 1>(job),
+                    (2, _) => $kern::<$F, 2, 2>(job),
+                    (3, 1) => $kern::<$F, 3, 1>(job),
+                    (3, _) => $kern::<$F, 3, 2>(job),
+                    (_, 1) => $kern::<$F, 4, 1>(job),
+                    (_, _) => $kern::<$F, 4, 2>(job),
+                }
+            }
+        };
+    }
+    macro_rules! by_fmt {
+        ($kern:ident) => {
+            match job.p.fmt {
+                PFmt::Q4_0 => go!($kern, FQ4_0),
+                PFmt::Q4_1 => go!($kern, FQ4_1),
+                PFmt::Q8_0 => go!($kern, FQ8_0),
+                PFmt::Q4K => go!($kern, FQ4K),
+                PFmt::Q6K => go!($kern, FQ6K),
+            }
+        };
+    }
+    debug_assert!(job.mr >= 1 && job.mr <= crate::quant::MR && job.ng >= 1 && job.ng <= 2);
+    if isa >= Isa::Avx512 {
+        by_fmt!(tile_512)
+    } else {
+        by_fmt!(tile_avx2)
+    }
+}
+
+/// AVX-512 VNNI micro-kernel: `MR` activation rows × `NG` groups of 16 weight rows.
+/// Each weight vector holds 4 consecutive codes of 16 rows; activation quads are broadcast
+/// and `vpdpbusd` accumulates exact int32 block dot products, converted to f32 per block.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
+    let p = job.p;
+    let gb = p.group_bytes();
+    let w0 = p.bytes().as_ptr().add(job.g0 * gb);
+    let a = job.a;
+    let (cols, anb) = (a.cols, a.nb);
+    let xq0 = a.q.as_ptr().add(job.i0 * cols);
+    let xd0 = a.d.as_ptr().add(job.i0 * anb);
+    let xs0 = a.s.as_ptr().add(job.i0 * anb);
+    let m4 = _mm512_set1_epi8(0x0F);
+    let negoff = _mm512_set1_ps(-(F::OFF as f32));
+    let mut accf = [[_mm512_setzero_ps(); NG]; MR];
+    for b in 0..p.nb {
+        let mut acci = [[_mm512_setzero_si512(); NG]; MR];
+        for g in 0..NG {
+            let base = w0.add(g * gb + b * F::STRIDE);
+            if F::NIB {
+                for s in 0..4 {
+                    let pv = _mm512_loadu_si512(base.add(64 * s) as *const _);
+                    let lo = _mm512_and_si512(pv, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16(pv, 4), m4);
+                    for (i, acc) in acci.iter_mut().enumerate() {
+                        let xp = xq0.add(i * cols + b * F::BK);
+                        let al = _mm512_set1_epi32((xp.add(4 * s) as *const i32).read_unaligned());
+                        let ah = _mm512_set1_epi32((xp.add(16 + 4 * s) as *const i32).read_unaligned());
+                        acc[g] = _mm512_dpbusd_epi32(acc[g], lo, al);
+                        acc[g] = _mm512_dpbusd_epi32(acc[g], hi, ah);
+                    }
+                }
+            } else {
+                for t in 0..F::BK / 4 {
+                    let v = _mm512_loadu_si512(base.add(64 * t) as *const _);
+                    for (i, acc) in acci.iter_mut().enumerate() {
+                        let xp = xq0.add(i * cols + b * F::BK);
+                        let ax = _mm512_set1_epi32((xp.add(4 * t) as *const i32).read_unaligned());
+                        acc[g] = _mm512_dpbusd_epi32(acc[g], v, ax);
+                    }
+                }
+            }
+        }
+        for g in 0..NG {
+            let sp = w0.add(g * gb + b * F::STRIDE + F::QBYTES);
+            let d = if F::F32S {
+                _mm512_loadu_ps(sp as *const f32)
+            } else {
+                _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i))
+            };
+            let c = if F::HASM {
+                let mp = sp.add(GROUP * F::SBYTES);
+                if F::F32S {
+                    _mm512_loadu_ps(mp as *const f32)
+                } else {
+                    _mm512_cvtph_ps(_mm256_loadu_si256(mp as *const __m256i))
+                }
+            } else {
+                _mm512_mul_ps(d, negoff)
+            };
+            for i in 0..MR {
+                let dx = _mm512_set1_ps(*xd0.add(i * anb + b));
+                let sx = _mm512_set1_ps(*xs0.add(i * anb + b));
+                let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[i][g]), _mm512_mul_ps(d, dx), accf[i][g]);
+                accf[i][g] = _mm512_fmadd_ps(c, sx, t);
+            }
+        }
+    }
+    for (i, accf) in accf.iter().enumerate() {
+        let yrow = job.y.get().add((job.i0 + i) * job.ystride + job.r0);
+        for (g, acc) in accf.iter().enumerate() {
+            let r = g * GROUP;
+            if job.nvalid >= r + GROUP {
+                _mm512_storeu_ps(yrow.add(r), *acc);
+            } else if job.nvalid > r {
+                let mask = ((1u32 << (job.nvalid - r)) - 1) as __mmask16;
+                _mm512_mask_storeu_ps(yrow.add(r), mask, *acc);
+            }
+        }
+    }
+}
+
+/// AVX2 micro-kernel over the same layout: each 16-row group is two 8-lane halves; int8
+/// products via `vpmaddubsw` (4-bit codes accumulate in i16 across a block without
+/// overflow; 8-bit codes use the sign trick on `code - 128` and widen every step).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
+    let p = job.p;
+    let gb = p.group_bytes();
+    let w0 = p.bytes().as_ptr().add(job.g0 * gb);
+    let a = job.a;
+    let (cols, anb) = (a.cols, a.nb);
+    let xq0 = a.q.as_ptr().add(job.i0 * cols);
+    let xd0 = a.d.as_ptr().add(job.i0 * anb);
+    let xs0 = a.s.as_ptr().add(job.i0 * anb);
+    let m4 = _mm256_set1_epi8(0x0F);
+    let flip = _mm256_set1_epi8(-128);
+    let ones = _mm256_set1_epi16(1);
+    // int sums are Σ code·a for 4-bit, Σ (code-128)·a for 8-bit: c' = c + 128 d there.
+    let coff = if F::NIB { -(F::OFF as f32) } else { 128.0 - F::OFF as f32 };
+    let coffv = _mm256_set1_ps(coff);
+    let cadj = _mm256_set1_ps(if F::NIB { 0.0 } else { 128.0 });
+    for g in 0..NG {
+        for h in 0..2 {
+            let mut accf = [_mm256_setzero_ps(); MR];
+            for b in 0..p.nb {
+                let base = w0.add(g * gb + b * F::STRIDE);
+                let mut acci = [_mm256_setzero_si256(); MR];
+                if F::NIB {
+                    let mut acc16 = [_mm256_setzero_si256(); MR];
+                    for s in 0..4 {
+                        let pv = _mm256_loadu_si256(base.add(64 * s + 32 * h) as *const __m256i);
+                        let lo = _mm256_and_si256(pv, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(pv, 4), m4);
+                        for (i, acc) in acc16.iter_mut().enumerate() {
+                            let xp = xq0.add(i * cols + b * F::BK);
+                            let al = _mm256_set1_epi32((xp.add(4 * s) as *const i32).read_unaligned());
+                            let ah = _mm256_set1_epi32((xp.add(16 + 4 * s) as *const i32).read_unaligned());
+                            *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(lo, al));
+                            *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(hi, ah));
+                        }
+                    }
+                    for i in 0..MR {
+                        acci[i] = _mm256_madd_epi16(acc16[i], ones);
+                    }
+                } else {
+                    for t in 0..F::BK / 4 {
+                        let v = _mm256_xor_si256(_mm256_loadu_si256(base.add(64 * t + 32 * h) as *const __m256i), flip);
+                        let av = _mm256_sign_epi8(v, v);
+                        for (i, acc) in acci.iter_mut().enumerate() {
+                            let xp = xq0.add(i * cols + b * F::BK);
+                            let ax = _mm256_set1_epi32((xp.add(4 * t) as *const i32).read_unaligned());
+                            let sx = _mm256_sign_epi8(ax, v);
+                            *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones));
+                        }
+                    }
+                }
+                let sp = base.add(F::QBYTES + h * 8 * F::SBYTES);
+                let d = if F::F32S {
+                    _mm256_loadu_ps(sp as *const f32)
+                } else {
+                    _mm256_cvtph_ps(_mm_loadu_si128(sp as *const __m128i))
+                };
+                let c = if F::HASM {
+                    let mp = sp.add(GROUP * F::SBYTES);
+                    let m = if F::F32S {
+                        _mm256_loadu_ps(mp as *const f32)
+                    } else {
+                        _mm256_cvtph_ps(_mm_loadu_si128(mp as *const __m128i))
+                    };
+                    _mm256_fmadd_ps(d, cadj, m)
+                } else {
+                    _mm256_mul_ps(d, coffv)
+                };
+                for i in 0..MR {
+                    let dx = _mm256_set1_ps(*xd0.add(i * anb + b));
+                    let sx = _mm256_set1_ps(*xs0.add(i * anb + b));
+                    let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[i]), _mm256_mul_ps(d, dx), accf[i]);
+                    accf[i] = _mm256_fmadd_ps(c, sx, t);
+                }
+            }
+            let r = g * GROUP + h * 8;
+            for (i, acc) in accf.iter().enumerate() {
+                let yrow = job.y.get().add((job.i0 + i) * job.ystride + job.r0);
+                if job.nvalid >= r + 8 {
+                    _mm256_storeu_ps(yrow.add(r), *acc);
+                } else if job.nvalid > r {
+                    let mut tmp = [0f32; 8];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), *acc);
+                    for (j, v) in tmp.iter().enumerate().take(job.nvalid - r) {
+                        *yrow.add(r + j) = *v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------ attention
 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_group<T: KvElem>(
