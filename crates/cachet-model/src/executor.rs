@@ -1,0 +1,683 @@
+//! [`LlamaExecutor`]: one batched forward per engine step over a paged KV arena.
+//!
+//! All chunk tokens of a step are concatenated into one activation matrix `[T][hidden]`, so
+//! every projection is a single `QMatrix::matmul` with `m = T` (prefill chunks and decodes
+//! together). Each token's K/V is written to slot `pos % block_size` of block
+//! `block_table[pos / block_size]`; attention runs per sequence over its block table
+//! (parallel over (sequence, token range) tasks); the final norm and lm_head run only for the
+//! rows whose chunk asks for a sample.
+
+use std::sync::Arc;
+
+use cachet_core::{ExecBatch, ExecError, Executor, Sampled, TokenId};
+use cachet_kernels::attention::{paged_attention, paged_attention_parallel, KvElem, PagedAttnArgs};
+use cachet_kernels::{QMatrix, ThreadPool};
+
+use crate::gguf::{Fused, LlamaWeights, RopeStyle};
+use crate::sampling::{self, SampleInput, SamplerScratch};
+use crate::ModelError;
+
+/// Element type of the KV arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    F32,
+    #[default]
+    F16,
+}
+
+impl KvDtype {
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Some(KvDtype::F32),
+            "f16" | "float16" | "half" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// KV arena geometry.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecutorConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the arena (block ids `0..num_blocks`).
+    pub num_blocks: usize,
+    pub kv_dtype: KvDtype,
+}
+
+/// A KV element the executor can write.
+pub trait KvStore: KvElem + Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    fn store(x: f32) -> Self;
+}
+
+impl KvStore for f32 {
+    const ZERO: Self = 0.0;
+    #[inline]
+    fn store(x: f32) -> Self {
+        x
+    }
+}
+
+impl KvStore for half::f16 {
+    const ZERO: Self = half::f16::ZERO;
+    #[inline]
+    fn store(x: f32) -> Self {
+        half::f16::from_f32(x)
+    }
+}
+
+/// Per-layer K and V, each `[num_blocks][block_size][n_kv_heads][head_dim]`.
+struct LayerKv<T> {
+    k: Vec<T>,
+    v: Vec<T>,
+}
+
+enum Arena {
+    F32(Vec<LayerKv<f32>>),
+    F16(Vec<LayerKv<half::f16>>),
+}
+
+fn new_layers<T: KvStore>(n_layers: usize, elems: usize) -> Vec<LayerKv<T>> {
+    (0..n_layers)
+        .map(|_| LayerKv {
+            k: vec![T::ZERO; elems],
+            v: vec![T::ZERO; elems],
+        })
+        .collect()
+}
+
+/// Scratch buffers reused across steps (grown, never shrunk).
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    q: Vec<f32>,
+    att: Vec<f32>,
+    tmp: Vec<f32>,
+    part: Vec<f32>,
+    gu: Vec<f32>,
+    act: Vec<f32>,
+    xs: Vec<f32>,
+    logits: Vec<f32>,
+    /// Absolute position of each token.
+    pos: Vec<usize>,
+    /// Slot (block * block_size + offset) of each token.
+    slot: Vec<usize>,
+    /// Offset of each sequence's first token in the activation matrix.
+    seq_off: Vec<usize>,
+    /// Activation row of each sampled chunk, in batch order.
+    sample_rows: Vec<usize>,
+    /// Attention tasks: (sequence, first token, end token) within the sequence.
+    tasks: Vec<(usize, usize, usize)>,
+}
+
+/// A raw pointer that may be shared with pool workers writing disjoint ranges.
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to let tasks write disjoint ranges of one buffer while the owner waits.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+
+/// Runs a llama-family model over the core's paged KV blocks.
+pub struct LlamaExecutor {
+    w: Arc<LlamaWeights>,
+    fingerprint: [u8; 32],
+    cfg: ExecutorConfig,
+    pool: ThreadPool,
+    arena: Arena,
+    s: Scratch,
+    sampler: SamplerScratch,
+    /// `inv_freq[i]` for the rotary pairs.
+    inv_freq: Vec<f32>,
+    /// `[pos][rope_dim/2]` cos and sin, grown on demand.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    rope_len: usize,
+    eos: Vec<TokenId>,
+    rng: u64,
+}
+
+/// Tokens per attention task when a sequence's chunk is split for parallelism.
+const ATTN_TASK_TOKENS: usize = 16;
+
+impl LlamaExecutor {
+    pub fn new(
+        w: Arc<LlamaWeights>,
+        fingerprint: [u8; 32],
+        cfg: ExecutorConfig,
+        pool: ThreadPool,
+    ) -> Result<Self, ModelError> {
+        let c = &w.config;
+        if cfg.block_size == 0 || cfg.num_blocks == 0 {
+            return Err(ModelError::Config(format!(
+                "block_size {} and num_blocks {} must be positive",
+                cfg.block_size, cfg.num_blocks
+            )));
+        }
+        let elems = cfg
+            .num_blocks
+            .checked_mul(cfg.block_size)
+            .and_then(|x| x.checked_mul(c.n_kv_heads * c.head_dim))
+            .ok_or_else(|| ModelError::Config("KV arena size overflows".into()))?;
+        let arena = match cfg.kv_dtype {
+            KvDtype::F32 => Arena::F32(new_layers(c.n_layers, elems)),
+            KvDtype::F16 => Arena::F16(new_layers(c.n_layers, elems)),
+        };
+        let half = c.rope_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1f32 / c.rope_theta.powf((2 * i) as f32 / c.rope_dim as f32))
+            .collect();
+        if let Some(ff) = &w.rope_freqs {
+            for (f, d) in inv_freq.iter_mut().zip(ff) {
+                *f /= *d;
+            }
+        }
+        let rng = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0),
+            );
+            h.finish()
+        };
+        Ok(LlamaExecutor {
+            w,
+            fingerprint,
+            cfg,
+            pool,
+            arena,
+            s: Scratch::default(),
+            sampler: SamplerScratch::default(),
+            inv_freq,
+            rope_cos: Vec::new(),
+            rope_sin: Vec::new(),
+            rope_len: 0,
+            eos: Vec::new(),
+            rng,
+        })
+    }
+
+    /// EOS tokens masked while a request has fewer than `min_tokens` outputs.
+    pub fn set_eos_token_ids(&mut self, ids: Vec<TokenId>) {
+        self.eos = ids;
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.cfg
+    }
+
+    pub fn weights(&self) -> &Arc<LlamaWeights> {
+        &self.w
+    }
+
+    /// Bytes held by the KV arena.
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.w.config.kv_bytes_per_token(self.cfg.kv_dtype)
+            * (self.cfg.num_blocks * self.cfg.block_size) as u64
+    }
+
+    /// Runs the forward and returns the logits of the rows that would be sampled (chunks with
+    /// `sample` set), in batch order. A test and debugging hook.
+    pub fn execute_logits(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Vec<f32>>, ModelError> {
+        let n = self.forward(batch)?;
+        let v = self.w.config.vocab_size;
+        Ok((0..n)
+            .map(|i| self.s.logits[i * v..(i + 1) * v].to_vec())
+            .collect())
+    }
+
+    fn validate(&self, batch: &ExecBatch<'_>) -> Result<(), ModelError> {
+        let vocab = self.w.config.vocab_size;
+        let bs = self.cfg.block_size;
+        for (i, seq) in batch.seqs.iter().enumerate() {
+            if seq.tokens.is_empty() {
+                if seq.sample.is_some() {
+                    return Err(ModelError::Batch(format!(
+                        "seq {i}: sample requested for an empty chunk"
+                    )));
+                }
+                continue;
+            }
+            if let Some(&t) = seq.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: token {t} outside the vocabulary ({vocab})"
+                )));
+            }
+            let end = seq.start_pos + seq.tokens.len();
+            let need = end.div_ceil(bs);
+            if seq.block_table.len() < need {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: block table has {} blocks, {need} needed for {end} positions",
+                    seq.block_table.len()
+                )));
+            }
+            if let Some(&b) = seq.block_table[..need]
+                .iter()
+                .find(|&&b| b as usize >= self.cfg.num_blocks)
+            {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: block id {b} outside the arena ({})",
+                    self.cfg.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_rope(&mut self, max_pos: usize) {
+        if max_pos < self.rope_len {
+            return;
+        }
+        let new_len = (max_pos + 1).next_power_of_two().max(256);
+        let half = self.inv_freq.len();
+        self.rope_cos.resize(new_len * half, 0.0);
+        self.rope_sin.resize(new_len * half, 0.0);
+        for p in self.rope_len..new_len {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let a = p as f32 * f;
+                self.rope_cos[p * half + i] = a.cos();
+                self.rope_sin[p * half + i] = a.sin();
+            }
+        }
+        self.rope_len = new_len;
+    }
+
+    /// The batched forward. Leaves `[S][vocab]` logits in `self.s.logits` for the S sampled
+    /// chunks and returns S.
+    fn forward(&mut self, batch: &ExecBatch<'_>) -> Result<usize, ModelError> {
+        self.validate(batch)?;
+        let t_total = batch.num_tokens();
+        let max_pos = batch
+            .seqs
+            .iter()
+            .map(|s| (s.start_pos + s.tokens.len()).saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        self.ensure_rope(max_pos);
+        let bs = self.cfg.block_size;
+        let s = &mut self.s;
+        s.pos.clear();
+        s.slot.clear();
+        s.seq_off.clear();
+        s.sample_rows.clear();
+        s.tasks.clear();
+        for (si, seq) in batch.seqs.iter().enumerate() {
+            s.seq_off.push(s.pos.len());
+            for i in 0..seq.tokens.len() {
+                let p = seq.start_pos + i;
+                s.pos.push(p);
+                s.slot.push(seq.block_table[p / bs] as usize * bs + p % bs);
+            }
+            if seq.sample.is_some() {
+                s.sample_rows.push(s.pos.len() - 1);
+            }
+            let n = seq.tokens.len();
+            let mut a = 0;
+            while a < n {
+                let e = (a + ATTN_TASK_TOKENS).min(n);
+                s.tasks.push((si, a, e));
+                a = e;
+            }
+        }
+        if t_total == 0 {
+            return Ok(0);
+        }
+        match &mut self.arena {
+            Arena::F32(layers) => forward_impl(
+                &self.w,
+                &self.pool,
+                layers,
+                s,
+                batch,
+                &self.rope_cos,
+                &self.rope_sin,
+                bs,
+            ),
+            Arena::F16(layers) => forward_impl(
+                &self.w,
+                &self.pool,
+                layers,
+                s,
+                batch,
+                &self.rope_cos,
+                &self.rope_sin,
+                bs,
+            ),
+        }
+        Ok(self.s.sample_rows.len())
+    }
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ss + eps).sqrt();
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+}
+
+fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let r = 1.0 / (ss + eps).sqrt();
+    for (v, &g) in x.iter_mut().zip(w) {
+        *v = *v * r * g;
+    }
+}
+
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    match style {
+        RopeStyle::Normal => {
+            for i in 0..half {
+                let (a, b) = (x[2 * i], x[2 * i + 1]);
+                x[2 * i] = a * cos[i] - b * sin[i];
+                x[2 * i + 1] = a * sin[i] + b * cos[i];
+            }
+        }
+        RopeStyle::Neox => {
+            for i in 0..half {
+                let (a, b) = (x[i], x[i + half]);
+                x[i] = a * cos[i] - b * sin[i];
+                x[i + half] = a * sin[i] + b * cos[i];
+            }
+        }
+    }
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+/// `out[m][sum(rows)] = x[m][cols] · Wᵀ` for a possibly split stacked matrix.
+fn fused_matmul(
+    f: &Fused,
+    pool: &ThreadPool,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    part: &mut Vec<f32>,
+) {
+    match f {
+        Fused::One(q) => q.matmul(pool, x, m, &mut out[..m * q.rows()]),
+        Fused::Many(parts) => {
+            let width: usize = parts.iter().map(|p| p.rows()).sum();
+            let mut col = 0;
+            for p in parts {
+                let r = p.rows();
+                grow(part, m * r);
+                p.matmul(pool, x, m, &mut part[..m * r]);
+                for t in 0..m {
+                    out[t * width + col..t * width + col + r]
+                        .copy_from_slice(&part[t * r..(t + 1) * r]);
+                }
+                col += r;
+            }
+        }
+    }
+}
+
+fn matmul(q: &QMatrix, pool: &ThreadPool, x: &[f32], m: usize, out: &mut [f32]) {
+    q.matmul(pool, x, m, &mut out[..m * q.rows()]);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn forward_impl<T: KvStore>(
+    w: &LlamaWeights,
+    pool: &ThreadPool,
+    layers: &mut [LayerKv<T>],
+    s: &mut Scratch,
+    batch: &ExecBatch<'_>,
+    rope_cos: &[f32],
+    rope_sin: &[f32],
+    block_size: usize,
+) {
+    let c = &w.config;
+    let t_n = s.pos.len();
+    let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.n_heads, c.n_kv_heads);
+    let qd = nh * hd;
+    let kvd = nkv * hd;
+    let qkv_w = qd + 2 * kvd;
+    let half = c.rope_dim / 2;
+    let eps = c.rms_eps;
+    grow(&mut s.x, t_n * h);
+    grow(&mut s.xn, t_n * h);
+    grow(&mut s.tmp, t_n * h);
+    grow(&mut s.qkv, t_n * qkv_w);
+    grow(&mut s.q, t_n * qd);
+    grow(&mut s.att, t_n * qd);
+    grow(&mut s.gu, t_n * 2 * c.ffn);
+    grow(&mut s.act, t_n * c.ffn);
+
+    // Embeddings.
+    let mut row = 0;
+    for seq in &batch.seqs {
+        for &tok in seq.tokens {
+            w.tok_embd
+                .dequantize_row(tok as usize, &mut s.x[row * h..(row + 1) * h]);
+            row += 1;
+        }
+    }
+
+    let scale = 1.0 / (hd as f32).sqrt();
+    for (lw, kv) in w.layers.iter().zip(layers.iter_mut()) {
+        // Attention block.
+        for t in 0..t_n {
+            rms_norm(
+                &s.x[t * h..(t + 1) * h],
+                &lw.attn_norm,
+                eps,
+                &mut s.xn[t * h..(t + 1) * h],
+            );
+        }
+        fused_matmul(
+            &lw.qkv,
+            pool,
+            &s.xn[..t_n * h],
+            t_n,
+            &mut s.qkv[..t_n * qkv_w],
+            &mut s.part,
+        );
+        for t in 0..t_n {
+            let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
+            if let Some(b) = &lw.qkv_bias {
+                for (v, &bb) in row.iter_mut().zip(b) {
+                    *v += bb;
+                }
+            }
+            let p = s.pos[t];
+            let cos = &rope_cos[p * half..(p + 1) * half];
+            let sin = &rope_sin[p * half..(p + 1) * half];
+            let (q, kvpart) = row.split_at_mut(qd);
+            let (k, v) = kvpart.split_at_mut(kvd);
+            for hh in 0..nh {
+                let qh = &mut q[hh * hd..(hh + 1) * hd];
+                if let Some(n) = &lw.q_norm {
+                    rms_norm_inplace(qh, n, eps);
+                }
+                rope(&mut qh[..c.rope_dim], cos, sin, c.rope_style);
+            }
+            for hh in 0..nkv {
+                let kh = &mut k[hh * hd..(hh + 1) * hd];
+                if let Some(n) = &lw.k_norm {
+                    rms_norm_inplace(kh, n, eps);
+                }
+                rope(&mut kh[..c.rope_dim], cos, sin, c.rope_style);
+            }
+            s.q[t * qd..(t + 1) * qd].copy_from_slice(q);
+            let off = s.slot[t] * kvd;
+            for (d, &x) in kv.k[off..off + kvd].iter_mut().zip(k.iter()) {
+                *d = T::store(x);
+            }
+            for (d, &x) in kv.v[off..off + kvd].iter_mut().zip(v.iter()) {
+                *d = T::store(x);
+            }
+        }
+        if batch.seqs.len() == 1 {
+            // One sequence (e.g. batch-1 decode): spread (token, kv head) items over the pool.
+            let seq = &batch.seqs[0];
+            let args = PagedAttnArgs {
+                block_table: seq.block_table,
+                block_size,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                start_pos: seq.start_pos,
+                n_tokens: t_n,
+                scale,
+            };
+            paged_attention_parallel::<T>(
+                pool,
+                &args,
+                &s.q[..t_n * qd],
+                &kv.k,
+                &kv.v,
+                &mut s.att[..t_n * qd],
+            );
+        } else {
+            let att = SendPtr(s.att.as_mut_ptr());
+            let tasks = &s.tasks;
+            let seq_off = &s.seq_off;
+            let qbuf = &s.q;
+            let (kk, vv) = (&kv.k[..], &kv.v[..]);
+            pool.parallel_for(tasks.len(), &|ti| {
+                let (si, a, e) = tasks[ti];
+                let seq = &batch.seqs[si];
+                let base = seq_off[si];
+                let args = PagedAttnArgs {
+                    block_table: seq.block_table,
+                    block_size,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    start_pos: seq.start_pos + a,
+                    n_tokens: e - a,
+                    scale,
+                };
+                let q = &qbuf[(base + a) * qd..(base + e) * qd];
+                let att = att;
+                // SAFETY: every task writes its own token rows [(base+a)..(base+e)) of `att`,
+                // which is at least t_n * qd long; the tasks are disjoint.
+                let out = unsafe {
+                    std::slice::from_raw_parts_mut(att.0.add((base + a) * qd), (e - a) * qd)
+                };
+                paged_attention::<T>(&args, q, kk, vv, out);
+            });
+        }
+        matmul(&lw.wo, pool, &s.att[..t_n * qd], t_n, &mut s.tmp);
+        for (x, &d) in s.x[..t_n * h].iter_mut().zip(&s.tmp[..t_n * h]) {
+            *x += d;
+        }
+        // Feed-forward block.
+        for t in 0..t_n {
+            rms_norm(
+                &s.x[t * h..(t + 1) * h],
+                &lw.ffn_norm,
+                eps,
+                &mut s.xn[t * h..(t + 1) * h],
+            );
+        }
+        let f = c.ffn;
+        fused_matmul(
+            &lw.gate_up,
+            pool,
+            &s.xn[..t_n * h],
+            t_n,
+            &mut s.gu[..t_n * 2 * f],
+            &mut s.part,
+        );
+        for t in 0..t_n {
+            let gu = &s.gu[t * 2 * f..(t + 1) * 2 * f];
+            let (g, u) = gu.split_at(f);
+            for ((a, &gv), &uv) in s.act[t * f..(t + 1) * f].iter_mut().zip(g).zip(u) {
+                *a = gv / (1.0 + (-gv).exp()) * uv;
+            }
+        }
+        matmul(&lw.down, pool, &s.act[..t_n * f], t_n, &mut s.tmp);
+        for (x, &d) in s.x[..t_n * h].iter_mut().zip(&s.tmp[..t_n * h]) {
+            *x += d;
+        }
+    }
+
+    // Final norm + lm_head only for sampled rows.
+    let n_s = s.sample_rows.len();
+    if n_s == 0 {
+        return;
+    }
+    grow(&mut s.xs, n_s * h);
+    for (i, &r) in s.sample_rows.iter().enumerate() {
+        rms_norm(
+            &s.x[r * h..(r + 1) * h],
+            &w.output_norm,
+            eps,
+            &mut s.xs[i * h..(i + 1) * h],
+        );
+    }
+    let v = c.vocab_size;
+    grow(&mut s.logits, n_s * v);
+    w.lm_head()
+        .matmul(pool, &s.xs[..n_s * h], n_s, &mut s.logits[..n_s * v]);
+}
+
+impl Executor for LlamaExecutor {
+    fn model_fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    fn kv_layout(&self) -> String {
+        let c = &self.w.config;
+        format!(
+            "{}:L{}:KV{}:D{}",
+            self.cfg.kv_dtype.as_str(),
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim
+        )
+    }
+
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+        self.forward(batch)?;
+        let v = self.w.config.vocab_size;
+        let mut out = Vec::with_capacity(batch.seqs.len());
+        let mut row = 0;
+        for seq in &batch.seqs {
+            match &seq.sample {
+                Some(spec) => {
+                    self.rng = sampling::splitmix64(self.rng);
+                    let inp = SampleInput {
+                        params: spec.params,
+                        prompt: spec.prompt,
+                        output: spec.output,
+                        eos_token_ids: &self.eos,
+                        fallback_seed: self.rng,
+                    };
+                    let logits = &self.s.logits[row * v..(row + 1) * v];
+                    out.push(Some(sampling::sample(logits, &inp, &mut self.sampler)));
+                    row += 1;
+                }
+                None => out.push(None),
+            }
+        }
+        Ok(out)
+    }
+}

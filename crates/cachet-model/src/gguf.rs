@@ -1,0 +1,563 @@
+//! GGUF files: metadata, raw tensor bytes (memory-mapped), the llama-family config and weights.
+//!
+//! Parsing of the header is done by `candle_core::quantized::gguf_file`; tensor data is taken as
+//! raw bytes from a memory map and handed to `cachet_kernels::QMatrix::from_gguf_bytes`.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+use cachet_kernels::{QMatrix, WeightType};
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::GgmlDType;
+
+use crate::executor::KvDtype;
+use crate::ModelError;
+
+/// An open GGUF file: parsed header and a memory map of the whole file.
+pub struct GgufFile {
+    path: PathBuf,
+    content: Content,
+    mmap: memmap2::Mmap,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        let io_err = |source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut file = File::open(path).map_err(io_err)?;
+        let content = Content::read(&mut file)
+            .map_err(|e| ModelError::Gguf(format!("{}: {e}", path.display())))?;
+        // SAFETY: the file is opened read-only; cachet never writes model files while serving.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+        Ok(GgufFile {
+            path: path.to_path_buf(),
+            content,
+            mmap,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn metadata(&self) -> &HashMap<String, Value> {
+        &self.content.metadata
+    }
+
+    pub fn meta(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    pub fn meta_str(&self, key: &str) -> Option<&str> {
+        match self.meta(key) {
+            Some(Value::String(s)) => Some(s.as_str()),
+            _ => None,
+        }
+    }
+
+    pub fn meta_u64(&self, key: &str) -> Option<u64> {
+        self.meta(key).and_then(value_u64)
+    }
+
+    pub fn meta_f32(&self, key: &str) -> Option<f32> {
+        match self.meta(key)? {
+            Value::F32(v) => Some(*v),
+            Value::F64(v) => Some(*v as f32),
+            v => value_u64(v).map(|x| x as f32),
+        }
+    }
+
+    pub fn meta_bool(&self, key: &str) -> Option<bool> {
+        match self.meta(key)? {
+            Value::Bool(b) => Some(*b),
+            v => value_u64(v).map(|x| x != 0),
+        }
+    }
+
+    pub fn meta_array(&self, key: &str) -> Option<&[Value]> {
+        match self.meta(key)? {
+            Value::Array(a) => Some(a.as_slice()),
+            _ => None,
+        }
+    }
+
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Dimensions in row-major order (`[rows, cols]` for a matrix), type and raw bytes.
+    pub fn tensor_raw(&self, name: &str) -> Result<(Vec<usize>, GgmlDType, &[u8]), ModelError> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let dims = info.shape.dims().to_vec();
+        let elems: usize = dims.iter().product();
+        let bs = info.ggml_dtype.block_size();
+        if elems % bs != 0 {
+            return Err(ModelError::Gguf(format!(
+                "tensor '{name}': {elems} elements not a multiple of block size {bs}"
+            )));
+        }
+        let size = elems / bs * info.ggml_dtype.type_size();
+        let start = self.content.tensor_data_offset.saturating_add(info.offset);
+        let start = usize::try_from(start)
+            .map_err(|_| ModelError::Gguf(format!("tensor '{name}' offset overflow")))?;
+        let end = start
+            .checked_add(size)
+            .filter(|&e| e <= self.mmap.len())
+            .ok_or_else(|| {
+                ModelError::Gguf(format!(
+                    "tensor '{name}' needs bytes {start}..{} beyond the file end {}",
+                    start + size,
+                    self.mmap.len()
+                ))
+            })?;
+        Ok((dims, info.ggml_dtype, &self.mmap[start..end]))
+    }
+
+    /// Total bytes of tensor data.
+    pub fn tensor_bytes_total(&self) -> u64 {
+        self.content
+            .tensor_infos
+            .values()
+            .map(|i| {
+                (i.shape.elem_count() / i.ggml_dtype.block_size() * i.ggml_dtype.type_size()) as u64
+            })
+            .sum()
+    }
+
+    /// BLAKE3 over the whole file: metadata, tensor infos and tensor data.
+    pub fn fingerprint_full(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cachet-gguf-v1");
+        h.update(&self.mmap[..]);
+        *h.finalize().as_bytes()
+    }
+
+    /// BLAKE3 over the header part of the file (metadata + tensor infos) only.
+    pub fn fingerprint_header(&self) -> [u8; 32] {
+        let end = (self.content.tensor_data_offset as usize).min(self.mmap.len());
+        let mut h = blake3::Hasher::new();
+        h.update(b"cachet-gguf-header-v1");
+        h.update(&self.mmap[..end]);
+        *h.finalize().as_bytes()
+    }
+}
+
+fn value_u64(v: &Value) -> Option<u64> {
+    match v {
+        Value::U8(x) => Some(*x as u64),
+        Value::I8(x) => u64::try_from(*x).ok(),
+        Value::U16(x) => Some(*x as u64),
+        Value::I16(x) => u64::try_from(*x).ok(),
+        Value::U32(x) => Some(*x as u64),
+        Value::I32(x) => u64::try_from(*x).ok(),
+        Value::U64(x) => Some(*x),
+        Value::I64(x) => u64::try_from(*x).ok(),
+        Value::Bool(b) => Some(*b as u64),
+        _ => None,
+    }
+}
+
+/// The model families this crate runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Qwen2,
+    Qwen3,
+}
+
+impl Architecture {
+    pub fn parse(s: &str) -> Result<Self, ModelError> {
+        match s {
+            "llama" => Ok(Architecture::Llama),
+            "qwen2" => Ok(Architecture::Qwen2),
+            "qwen3" => Ok(Architecture::Qwen3),
+            other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Architecture::Llama => "llama",
+            Architecture::Qwen2 => "qwen2",
+            Architecture::Qwen3 => "qwen3",
+        }
+    }
+}
+
+/// How rotary embeddings pair up dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: llama GGUFs (Q/K are permuted at conversion).
+    Normal,
+    /// Halves `(i, i + d/2)`: qwen2/qwen3.
+    Neox,
+}
+
+/// Hyper-parameters of a llama-family model.
+#[derive(Clone, Debug)]
+pub struct LlamaConfig {
+    pub architecture: Architecture,
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub vocab_size: usize,
+    pub rms_eps: f32,
+    pub rope_theta: f32,
+    pub rope_dim: usize,
+    pub rope_style: RopeStyle,
+    pub context_length: usize,
+}
+
+impl LlamaConfig {
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let arch_s = f
+            .meta_str("general.architecture")
+            .ok_or_else(|| ModelError::MissingMetadata("general.architecture".into()))?;
+        let architecture = Architecture::parse(arch_s)?;
+        let a = arch_s;
+        let req = |k: &str| -> Result<usize, ModelError> {
+            let key = format!("{a}.{k}");
+            f.meta_u64(&key)
+                .map(|v| v as usize)
+                .ok_or(ModelError::MissingMetadata(key))
+        };
+        let n_layers = req("block_count")?;
+        let hidden = req("embedding_length")?;
+        let n_heads = req("attention.head_count")?;
+        let n_kv_heads = f
+            .meta_u64(&format!("{a}.attention.head_count_kv"))
+            .map(|v| v as usize)
+            .unwrap_or(n_heads);
+        let ffn = req("feed_forward_length")?;
+        if n_heads == 0 || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+            return Err(ModelError::Config(format!(
+                "bad head counts: {n_heads} heads, {n_kv_heads} kv heads"
+            )));
+        }
+        let head_dim = f
+            .meta_u64(&format!("{a}.attention.key_length"))
+            .map(|v| v as usize)
+            .unwrap_or(hidden / n_heads);
+        let rms_eps = f
+            .meta_f32(&format!("{a}.attention.layer_norm_rms_epsilon"))
+            .unwrap_or(1e-5);
+        let rope_theta = f
+            .meta_f32(&format!("{a}.rope.freq_base"))
+            .unwrap_or(10_000.0);
+        let rope_dim = f
+            .meta_u64(&format!("{a}.rope.dimension_count"))
+            .map(|v| v as usize)
+            .unwrap_or(head_dim);
+        if rope_dim > head_dim || rope_dim % 2 != 0 {
+            return Err(ModelError::Config(format!(
+                "bad rope dimension {rope_dim} for head dim {head_dim}"
+            )));
+        }
+        let context_length = f
+            .meta_u64(&format!("{a}.context_length"))
+            .map(|v| v as usize)
+            .unwrap_or(2048);
+        let vocab_size = match f.meta_u64(&format!("{a}.vocab_size")) {
+            Some(v) => v as usize,
+            None => f
+                .meta_array("tokenizer.ggml.tokens")
+                .map(|t| t.len())
+                .ok_or_else(|| ModelError::MissingMetadata(format!("{a}.vocab_size")))?,
+        };
+        let rope_style = match architecture {
+            Architecture::Llama => RopeStyle::Normal,
+            Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+        };
+        Ok(LlamaConfig {
+            architecture,
+            n_layers,
+            hidden,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            vocab_size,
+            rms_eps,
+            rope_theta,
+            rope_dim,
+            rope_style,
+            context_length,
+        })
+    }
+
+    /// Bytes of K+V for one token over all layers.
+    pub fn kv_bytes_per_token(&self, kv_dtype: KvDtype) -> u64 {
+        2 * self.n_layers as u64
+            * self.n_kv_heads as u64
+            * self.head_dim as u64
+            * kv_dtype.elem_bytes() as u64
+    }
+
+    /// How many KV blocks of `block_size` tokens fit in `bytes`.
+    pub fn num_blocks_for_memory(&self, bytes: u64, block_size: usize, kv_dtype: KvDtype) -> usize {
+        let per_block = self.kv_bytes_per_token(kv_dtype) * block_size.max(1) as u64;
+        (bytes / per_block.max(1)) as usize
+    }
+}
+
+fn weight_type(name: &str, dt: GgmlDType) -> Result<WeightType, ModelError> {
+    Ok(match dt {
+        GgmlDType::F32 => WeightType::F32,
+        GgmlDType::F16 => WeightType::F16,
+        GgmlDType::Q8_0 => WeightType::Q8_0,
+        GgmlDType::Q4_0 => WeightType::Q4_0,
+        GgmlDType::Q4_1 => WeightType::Q4_1,
+        GgmlDType::Q4K => WeightType::Q4K,
+        GgmlDType::Q6K => WeightType::Q6K,
+        other => {
+            return Err(ModelError::UnsupportedTensorType {
+                name: name.to_string(),
+                dtype: format!("{other:?}"),
+            })
+        }
+    })
+}
+
+/// A dense f32 vector tensor (norm weights, biases).
+fn load_vec(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let (dims, dt, bytes) = f.tensor_raw(name)?;
+    let n: usize = dims.iter().product();
+    if n != len {
+        return Err(ModelError::BadShape {
+            name: name.to_string(),
+            got: dims,
+            expected: vec![len],
+        });
+    }
+    match dt {
+        GgmlDType::F32 => Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()),
+        GgmlDType::F16 => Ok(bytes
+            .chunks_exact(2)
+            .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect()),
+        _ => {
+            let m = load_matrix(f, name, &[1, len])?;
+            let mut out = vec![0.0; len];
+            m.dequantize_row(0, &mut out);
+            Ok(out)
+        }
+    }
+}
+
+/// A matrix `[rows][cols]` (`rows` outputs, `cols` inputs). `expected` may give `[rows, cols]`.
+fn load_matrix(f: &GgufFile, name: &str, expected: &[usize]) -> Result<QMatrix, ModelError> {
+    let (dims, dt, bytes) = f.tensor_raw(name)?;
+    let (rows, cols) = match dims.as_slice() {
+        [c] => (1, *c),
+        [r, c] => (*r, *c),
+        _ => {
+            return Err(ModelError::BadShape {
+                name: name.to_string(),
+                got: dims,
+                expected: expected.to_vec(),
+            })
+        }
+    };
+    if expected != [rows, cols] {
+        return Err(ModelError::BadShape {
+            name: name.to_string(),
+            got: dims,
+            expected: expected.to_vec(),
+        });
+    }
+    let wt = weight_type(name, dt)?;
+    QMatrix::from_gguf_bytes(wt, rows, cols, bytes)
+        .map_err(|e| ModelError::Kernel(format!("{name}: {e}")))
+}
+
+/// Several matrices with the same input width stacked along their rows into one `QMatrix` when
+/// they share a type (one matmul instead of several); separate otherwise.
+pub enum Fused {
+    One(QMatrix),
+    Many(Vec<QMatrix>),
+}
+
+impl Fused {
+    fn load(f: &GgufFile, names: &[&str], rows: &[usize], cols: usize) -> Result<Self, ModelError> {
+        let mut parts = Vec::with_capacity(names.len());
+        for (name, &r) in names.iter().zip(rows) {
+            let (dims, dt, bytes) = f.tensor_raw(name)?;
+            if dims != [r, cols] {
+                return Err(ModelError::BadShape {
+                    name: name.to_string(),
+                    got: dims,
+                    expected: vec![r, cols],
+                });
+            }
+            parts.push((name, dt, bytes, r));
+        }
+        let same = parts.iter().all(|p| p.1 == parts[0].1);
+        if same {
+            let wt = weight_type(names[0], parts[0].1)?;
+            let total: usize = rows.iter().sum();
+            let mut buf = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum());
+            for p in &parts {
+                buf.extend_from_slice(p.2);
+            }
+            let m = QMatrix::from_gguf_bytes(wt, total, cols, &buf)
+                .map_err(|e| ModelError::Kernel(format!("{}: {e}", names.join("+"))))?;
+            Ok(Fused::One(m))
+        } else {
+            let mut v = Vec::new();
+            for p in parts {
+                let wt = weight_type(p.0, p.1)?;
+                v.push(
+                    QMatrix::from_gguf_bytes(wt, p.3, cols, p.2)
+                        .map_err(|e| ModelError::Kernel(format!("{}: {e}", p.0)))?,
+                );
+            }
+            Ok(Fused::Many(v))
+        }
+    }
+}
+
+/// One transformer block.
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    /// Q, K, V stacked: rows `n_heads*hd + 2*n_kv_heads*hd`.
+    pub qkv: Fused,
+    /// Bias of the stacked QKV output (qwen2).
+    pub qkv_bias: Option<Vec<f32>>,
+    /// Per-head RMS norms of Q and K (qwen3).
+    pub q_norm: Option<Vec<f32>>,
+    pub k_norm: Option<Vec<f32>>,
+    pub wo: QMatrix,
+    pub ffn_norm: Vec<f32>,
+    /// Gate and up stacked: rows `2*ffn`.
+    pub gate_up: Fused,
+    pub down: QMatrix,
+}
+
+/// All weights of a llama-family model.
+pub struct LlamaWeights {
+    pub config: LlamaConfig,
+    /// `[vocab][hidden]`.
+    pub tok_embd: QMatrix,
+    pub layers: Vec<LayerWeights>,
+    pub output_norm: Vec<f32>,
+    /// `None`: tied to `tok_embd`.
+    pub output: Option<QMatrix>,
+    /// Llama-3 style per-frequency divisors (`rope_freqs.weight`).
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+impl LlamaWeights {
+    pub fn load(f: &GgufFile, progress: bool) -> Result<Self, ModelError> {
+        let c = LlamaConfig::from_gguf(f)?;
+        let (h, hd, nh, nkv) = (c.hidden, c.head_dim, c.n_heads, c.n_kv_heads);
+        let qd = nh * hd;
+        let kvd = nkv * hd;
+        let bar = progress_bar(progress, c.n_layers as u64 + 2);
+        bar.set_message(format!("loading {}", f.path().display()));
+        let tok_embd = load_matrix(f, "token_embd.weight", &[c.vocab_size, h])?;
+        bar.inc(1);
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{l}.{s}");
+            let qkv = Fused::load(
+                f,
+                &[
+                    &n("attn_q.weight"),
+                    &n("attn_k.weight"),
+                    &n("attn_v.weight"),
+                ],
+                &[qd, kvd, kvd],
+                h,
+            )?;
+            let qkv_bias = if f.has_tensor(&n("attn_q.bias")) {
+                let mut b = load_vec(f, &n("attn_q.bias"), qd)?;
+                b.extend(load_vec(f, &n("attn_k.bias"), kvd)?);
+                b.extend(load_vec(f, &n("attn_v.bias"), kvd)?);
+                Some(b)
+            } else {
+                None
+            };
+            let (q_norm, k_norm) = if f.has_tensor(&n("attn_q_norm.weight")) {
+                (
+                    Some(load_vec(f, &n("attn_q_norm.weight"), hd)?),
+                    Some(load_vec(f, &n("attn_k_norm.weight"), hd)?),
+                )
+            } else {
+                (None, None)
+            };
+            layers.push(LayerWeights {
+                attn_norm: load_vec(f, &n("attn_norm.weight"), h)?,
+                qkv,
+                qkv_bias,
+                q_norm,
+                k_norm,
+                wo: load_matrix(f, &n("attn_output.weight"), &[h, qd])?,
+                ffn_norm: load_vec(f, &n("ffn_norm.weight"), h)?,
+                gate_up: Fused::load(
+                    f,
+                    &[&n("ffn_gate.weight"), &n("ffn_up.weight")],
+                    &[c.ffn, c.ffn],
+                    h,
+                )?,
+                down: load_matrix(f, &n("ffn_down.weight"), &[h, c.ffn])?,
+            });
+            bar.inc(1);
+        }
+        let output_norm = load_vec(f, "output_norm.weight", h)?;
+        let output = if f.has_tensor("output.weight") {
+            Some(load_matrix(f, "output.weight", &[c.vocab_size, h])?)
+        } else {
+            None
+        };
+        let rope_freqs = if f.has_tensor("rope_freqs.weight") {
+            Some(load_vec(f, "rope_freqs.weight", c.rope_dim / 2)?)
+        } else {
+            None
+        };
+        bar.inc(1);
+        bar.finish_and_clear();
+        Ok(LlamaWeights {
+            config: c,
+            tok_embd,
+            layers,
+            output_norm,
+            output,
+            rope_freqs,
+        })
+    }
+
+    /// The lm_head: `output.weight`, or the tied embedding.
+    pub fn lm_head(&self) -> &QMatrix {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}
+
+fn progress_bar(enabled: bool, len: u64) -> indicatif::ProgressBar {
+    if !enabled || !std::io::stderr().is_terminal() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} {elapsed}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}

@@ -1,0 +1,261 @@
+//! Turning logits into tokens.
+//!
+//! Order of operations (as in vLLM): min-tokens masking, repetition / presence / frequency
+//! penalties, then greedy argmax (temperature 0 or top-k 1) or temperature → top-k → softmax →
+//! top-p → min-p → a draw. Logprobs are always the log-softmax of the raw logits.
+//!
+//! A seeded draw depends only on `(seed, number of tokens generated so far)`: the same seed gives
+//! the same output whatever else runs in the batch.
+
+use cachet_core::request::SamplingParams;
+use cachet_core::{Sampled, TokenId};
+
+/// Reusable buffers for sampling (kept by the executor: no per-step large allocations).
+#[derive(Default)]
+pub struct SamplerScratch {
+    work: Vec<f32>,
+    counts: Vec<u32>,
+    touched: Vec<u32>,
+    cand: Vec<(u32, f32)>,
+}
+
+/// What a sampler needs besides the logits.
+pub struct SampleInput<'a> {
+    pub params: &'a SamplingParams,
+    pub prompt: &'a [TokenId],
+    pub output: &'a [TokenId],
+    /// The model's EOS tokens (masked until `min_tokens` are generated).
+    pub eos_token_ids: &'a [TokenId],
+    /// Used when `params.seed` is `None`.
+    pub fallback_seed: u64,
+}
+
+/// SplitMix64 step.
+pub fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A uniform draw in `[0, 1)` that depends only on `seed` and `step`.
+pub fn uniform(seed: u64, step: u64) -> f64 {
+    let x = splitmix64(splitmix64(seed) ^ splitmix64(step.wrapping_add(0x5851_F42D_4C95_7F2D)));
+    (x >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+}
+
+/// Index of the largest value, lowest index on ties; NaN never wins.
+pub fn argmax(xs: &[f32]) -> usize {
+    let mut best = 0;
+    let mut bv = f32::NEG_INFINITY;
+    for (i, &v) in xs.iter().enumerate() {
+        if v > bv {
+            bv = v;
+            best = i;
+        }
+    }
+    best
+}
+
+/// `log(sum(exp(x)))`, stable.
+pub fn log_sum_exp(xs: &[f32]) -> f32 {
+    let m = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !m.is_finite() {
+        return m;
+    }
+    let s: f64 = xs.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    m + s.ln() as f32
+}
+
+/// The `n` largest logits as `(id, logprob)`, best first, lowest id on ties.
+pub fn top_logprobs(
+    logits: &[f32],
+    lse: f32,
+    n: usize,
+    cand: &mut Vec<(u32, f32)>,
+) -> Vec<(TokenId, f32)> {
+    let n = n.min(logits.len());
+    if n == 0 {
+        return Vec::new();
+    }
+    cand.clear();
+    cand.extend(logits.iter().enumerate().map(|(i, &v)| (i as u32, v)));
+    let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if n < cand.len() {
+        cand.select_nth_unstable_by(n - 1, cmp);
+        cand.truncate(n);
+    }
+    cand.sort_by(cmp);
+    cand.iter().map(|&(i, v)| (i, v - lse)).collect()
+}
+
+/// Applies min-tokens masking and the penalties to `work` (a copy of the logits).
+fn apply_penalties(work: &mut [f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) {
+    let p = inp.params;
+    let vocab = work.len();
+    if (inp.output.len() as u64) < p.min_tokens as u64 {
+        let eos = if p.ignore_eos {
+            &[][..]
+        } else {
+            inp.eos_token_ids
+        };
+        for &t in eos.iter().chain(p.stop_token_ids.iter()) {
+            if let Some(w) = work.get_mut(t as usize) {
+                *w = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let rep = p.repetition_penalty;
+    if rep != 1.0 && rep > 0.0 {
+        // Over prompt and output (each distinct token once).
+        if s.counts.len() < vocab {
+            s.counts.resize(vocab, 0);
+        }
+        s.touched.clear();
+        for &t in inp.prompt.iter().chain(inp.output.iter()) {
+            let t = t as usize;
+            if t < vocab && s.counts[t] == 0 {
+                s.counts[t] = 1;
+                s.touched.push(t as u32);
+                let w = &mut work[t];
+                *w = if *w > 0.0 { *w / rep } else { *w * rep };
+            }
+        }
+        for &t in &s.touched {
+            s.counts[t as usize] = 0;
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        if s.counts.len() < vocab {
+            s.counts.resize(vocab, 0);
+        }
+        s.touched.clear();
+        for &t in inp.output {
+            let t = t as usize;
+            if t < vocab {
+                if s.counts[t] == 0 {
+                    s.touched.push(t as u32);
+                }
+                s.counts[t] += 1;
+            }
+        }
+        for &t in &s.touched {
+            let c = s.counts[t as usize];
+            work[t as usize] -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            s.counts[t as usize] = 0;
+        }
+    }
+}
+
+/// Samples one token from `logits` (one row, vocab-sized).
+pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> Sampled {
+    let p = inp.params;
+    let vocab = logits.len();
+    if vocab == 0 {
+        return Sampled::token(0);
+    }
+    let mut work = std::mem::take(&mut s.work);
+    work.clear();
+    work.extend_from_slice(logits);
+    apply_penalties(&mut work, inp, s);
+
+    let greedy = p.temperature <= 0.0 || p.top_k == 1 || !p.temperature.is_finite();
+    let token = if greedy {
+        argmax(&work) as u32
+    } else {
+        draw(&work, inp, s)
+    };
+    s.work = work;
+
+    let lse = log_sum_exp(logits);
+    let logprob = logits[token as usize] - lse;
+    let top = match p.logprobs {
+        Some(n) if n > 0 => top_logprobs(logits, lse, n as usize, &mut s.cand),
+        _ => Vec::new(),
+    };
+    Sampled {
+        token,
+        logprob,
+        top_logprobs: top,
+    }
+}
+
+/// Temperature → top-k → softmax → top-p → min-p → draw.
+fn draw(work: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> u32 {
+    let p = inp.params;
+    let t = p.temperature;
+    let cand = &mut s.cand;
+    cand.clear();
+    cand.extend(
+        work.iter()
+            .enumerate()
+            .filter(|(_, v)| v.is_finite() || **v == f32::INFINITY)
+            .map(|(i, &v)| (i as u32, v / t)),
+    );
+    if cand.is_empty() {
+        return argmax(work) as u32;
+    }
+    let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let k = p.top_k as usize;
+    if k > 0 && k < cand.len() {
+        cand.select_nth_unstable_by(k - 1, cmp);
+        cand.truncate(k);
+    }
+    cand.sort_by(cmp);
+    // Softmax over the candidates (sorted best first).
+    let m = cand[0].1;
+    let mut z = 0.0f64;
+    for c in cand.iter_mut() {
+        c.1 = ((c.1 - m) as f64).exp() as f32;
+        z += c.1 as f64;
+    }
+    for c in cand.iter_mut() {
+        c.1 = (c.1 as f64 / z) as f32;
+    }
+    if p.top_p < 1.0 && p.top_p > 0.0 {
+        let mut cum = 0.0f64;
+        let mut keep = cand.len();
+        for (i, c) in cand.iter().enumerate() {
+            cum += c.1 as f64;
+            if cum >= p.top_p as f64 {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep.max(1));
+    }
+    if p.min_p > 0.0 {
+        let thr = cand[0].1 * p.min_p;
+        let keep = cand.iter().take_while(|c| c.1 >= thr).count();
+        cand.truncate(keep.max(1));
+    }
+    let total: f64 = cand.iter().map(|c| c.1 as f64).sum();
+    let seed = p.seed.unwrap_or(inp.fallback_seed);
+    let u = uniform(seed, inp.output.len() as u64) * total;
+    let mut acc = 0.0f64;
+    for c in cand.iter() {
+        acc += c.1 as f64;
+        if u < acc {
+            return c.0;
+        }
+    }
+    cand[cand.len() - 1].0
+}
+
+/// The candidate set after temperature/top-k/top-p/min-p, as `(id, probability)` best first
+/// (renormalised). For tests and debugging.
+pub fn filtered_distribution(logits: &[f32], params: &SamplingParams) -> Vec<(TokenId, f32)> {
+    let mut s = SamplerScratch::default();
+    let inp = SampleInput {
+        params,
+        prompt: &[],
+        output: &[],
+        eos_token_ids: &[],
+        fallback_seed: 0,
+    };
+    let mut work = logits.to_vec();
+    apply_penalties(&mut work, &inp, &mut s);
+    let _ = draw(&work, &inp, &mut s);
+    let total: f32 = s.cand.iter().map(|c| c.1).sum();
+    s.cand.iter().map(|&(i, p)| (i, p / total)).collect()
+}

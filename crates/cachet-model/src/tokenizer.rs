@@ -1,0 +1,495 @@
+//! The tokenizer stored in a GGUF file, built with the `tokenizers` crate.
+//!
+//! Supported: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) from `tokenizer.ggml.tokens` and
+//! `tokenizer.ggml.merges`, with the pre-tokenizer chosen by `tokenizer.ggml.pre` (as in
+//! llama.cpp's `LLAMA_VOCAB_PRE_TYPE`), a byte-level decoder, and control tokens (type 3) as
+//! special added tokens. Chat templates (`tokenizer.chat_template`) are rendered with
+//! `minijinja` plus the Python-compatible methods of `minijinja-contrib`; ChatML when absent.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use candle_core::quantized::gguf_file::Value;
+use serde::{Deserialize, Serialize};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use crate::gguf::GgufFile;
+use crate::ModelError;
+
+/// One chat message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// ChatML, used when the GGUF has no `tokenizer.chat_template`.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+const GPT2_PATTERN: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Token types of `tokenizer.ggml.token_type`.
+const TOKEN_TYPE_CONTROL: i64 = 3;
+const TOKEN_TYPE_USER_DEFINED: i64 = 4;
+
+/// Names of end-of-generation tokens (as llama.cpp detects them).
+const EOG_NAMES: &[&str] = &[
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|eom_id|>",
+    "<EOT>",
+];
+
+struct Inner {
+    tk: Tokenizer,
+    tokens: Vec<String>,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    special: Vec<bool>,
+    env: minijinja::Environment<'static>,
+    pre: String,
+}
+
+/// A GGUF model's tokenizer: cheap to clone (shared).
+#[derive(Clone)]
+pub struct GgufTokenizer {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for GgufTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GgufTokenizer")
+            .field("vocab_size", &self.inner.tokens.len())
+            .field("pre", &self.inner.pre)
+            .finish()
+    }
+}
+
+fn tk_err(e: impl std::fmt::Display) -> ModelError {
+    ModelError::Tokenizer(e.to_string())
+}
+
+fn value_i64(v: &Value) -> Option<i64> {
+    Some(match v {
+        Value::U8(x) => *x as i64,
+        Value::I8(x) => *x as i64,
+        Value::U16(x) => *x as i64,
+        Value::I16(x) => *x as i64,
+        Value::U32(x) => *x as i64,
+        Value::I32(x) => *x as i64,
+        Value::U64(x) => *x as i64,
+        Value::I64(x) => *x,
+        _ => return None,
+    })
+}
+
+/// The pre-tokenizer for `tokenizer.ggml.pre`.
+pub fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
+    let split = |pat: &str| -> Result<PreTokenizerWrapper, ModelError> {
+        let sp = Split::new(
+            SplitPattern::Regex(pat.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(tk_err)?;
+        Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Split(sp),
+            PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false)),
+        ])))
+    };
+    match pre {
+        "smollm" | "starcoder" | "refact" => {
+            Ok(PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                PreTokenizerWrapper::Digits(Digits::new(true)),
+                PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+            ])))
+        }
+        "llama-bpe" | "llama3" | "llama-v3" | "smaug-bpe" => split(LLAMA3_PATTERN),
+        "qwen2" | "deepseek-r1-qwen" => split(QWEN2_PATTERN),
+        // "gpt2", "default" and anything unknown: GPT-2's byte-level regex (llama.cpp's default).
+        _ => {
+            let _ = GPT2_PATTERN;
+            Ok(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+                false, true, true,
+            )))
+        }
+    }
+}
+
+fn build_env(template: &str) -> Result<minijinja::Environment<'static>, ModelError> {
+    let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    minijinja_contrib::add_to_environment(&mut env);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                msg,
+            ))
+        },
+    );
+    env.add_function("strftime_now", |_fmt: String| -> String { String::new() });
+    env.add_template_owned("chat", template.to_string())
+        .map_err(|e| ModelError::Template(e.to_string()))?;
+    Ok(env)
+}
+
+impl GgufTokenizer {
+    /// Builds the tokenizer from GGUF metadata.
+    pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
+        let model = f.meta_str("tokenizer.ggml.model").unwrap_or("gpt2");
+        if model != "gpt2" {
+            return Err(ModelError::Tokenizer(format!(
+                "tokenizer model '{model}' is not supported (supported: 'gpt2' byte-level BPE)"
+            )));
+        }
+        let tokens: Vec<String> = f
+            .meta_array("tokenizer.ggml.tokens")
+            .ok_or_else(|| ModelError::MissingMetadata("tokenizer.ggml.tokens".into()))?
+            .iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s.clone()),
+                _ => Err(ModelError::Tokenizer("non-string token".into())),
+            })
+            .collect::<Result<_, _>>()?;
+        let merges: Vec<(String, String)> = f
+            .meta_array("tokenizer.ggml.merges")
+            .unwrap_or(&[])
+            .iter()
+            .filter_map(|v| match v {
+                Value::String(s) => s
+                    .split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string())),
+                _ => None,
+            })
+            .collect();
+        let types: Vec<i64> = f
+            .meta_array("tokenizer.ggml.token_type")
+            .map(|a| a.iter().map(|v| value_i64(v).unwrap_or(1)).collect())
+            .unwrap_or_else(|| vec![1; tokens.len()]);
+        let pre = f
+            .meta_str("tokenizer.ggml.pre")
+            .unwrap_or("default")
+            .to_string();
+        let template = f
+            .meta_str("tokenizer.chat_template")
+            .unwrap_or(CHATML_TEMPLATE)
+            .to_string();
+        let id = |k: &str| {
+            f.meta_u64(k)
+                .map(|v| v as u32)
+                .filter(|&v| (v as usize) < tokens.len())
+        };
+        let bos = id("tokenizer.ggml.bos_token_id");
+        let eos = id("tokenizer.ggml.eos_token_id");
+        let add_bos = f.meta_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+        let mut eos_ids: Vec<u32> = Vec::new();
+        for k in [
+            "tokenizer.ggml.eos_token_id",
+            "tokenizer.ggml.eot_token_id",
+            "tokenizer.ggml.eom_token_id",
+        ] {
+            if let Some(t) = id(k) {
+                if !eos_ids.contains(&t) {
+                    eos_ids.push(t);
+                }
+            }
+        }
+        for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
+            if ty == TOKEN_TYPE_CONTROL
+                && EOG_NAMES.contains(&t.as_str())
+                && !eos_ids.contains(&(i as u32))
+            {
+                eos_ids.push(i as u32);
+            }
+        }
+        Self::build(
+            tokens, merges, types, &pre, &template, bos, eos, eos_ids, add_bos,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        tokens: Vec<String>,
+        merges: Vec<(String, String)>,
+        types: Vec<i64>,
+        pre: &str,
+        template: &str,
+        bos: Option<u32>,
+        eos: Option<u32>,
+        eos_ids: Vec<u32>,
+        add_bos: bool,
+    ) -> Result<Self, ModelError> {
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(tk_err)?;
+        let mut tk = Tokenizer::new(bpe);
+        tk.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
+        tk.with_decoder(Some(ByteLevelDecoder::default()));
+        let mut special = vec![false; tokens.len()];
+        let mut specials = Vec::new();
+        let mut user = Vec::new();
+        for (i, (t, &ty)) in tokens.iter().zip(&types).enumerate() {
+            if ty == TOKEN_TYPE_CONTROL {
+                special[i] = true;
+                specials.push(AddedToken::from(t.clone(), true));
+            } else if ty == TOKEN_TYPE_USER_DEFINED {
+                user.push(AddedToken::from(t.clone(), false).normalized(false));
+            }
+        }
+        tk.add_special_tokens(specials).map_err(tk_err)?;
+        if !user.is_empty() {
+            tk.add_tokens(user).map_err(tk_err)?;
+        }
+        let env = build_env(template)?;
+        Ok(GgufTokenizer {
+            inner: Arc::new(Inner {
+                tk,
+                tokens,
+                bos,
+                eos,
+                eos_ids,
+                add_bos,
+                special,
+                env,
+                pre: pre.to_string(),
+            }),
+        })
+    }
+
+    /// Token ids of `text`. Special tokens written in the text (e.g. `<|im_start|>`) are always
+    /// recognised; `add_special_tokens` adds BOS when the model wants it.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ModelError> {
+        let enc = self.inner.tk.encode_fast(text, false).map_err(tk_err)?;
+        let ids = enc.get_ids();
+        let mut out = Vec::with_capacity(ids.len() + 1);
+        if add_special_tokens && self.inner.add_bos {
+            if let Some(b) = self.inner.bos {
+                out.push(b);
+            }
+        }
+        out.extend_from_slice(ids);
+        Ok(out)
+    }
+
+    /// Text of `ids` (invalid UTF-8 becomes U+FFFD).
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, ModelError> {
+        let n = self.inner.tokens.len();
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= n) {
+            return Err(ModelError::Tokenizer(format!(
+                "token id {bad} outside the vocabulary ({n})"
+            )));
+        }
+        self.inner
+            .tk
+            .decode(ids, skip_special_tokens)
+            .map_err(tk_err)
+    }
+
+    /// Renders the chat template.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        let msgs: Vec<BTreeMap<&str, &str>> = messages
+            .iter()
+            .map(|m| BTreeMap::from([("role", m.role.as_str()), ("content", m.content.as_str())]))
+            .collect();
+        let tpl = self
+            .inner
+            .env
+            .get_template("chat")
+            .map_err(|e| ModelError::Template(e.to_string()))?;
+        let tok = |id: Option<u32>| {
+            id.and_then(|i| self.inner.tokens.get(i as usize).cloned())
+                .unwrap_or_default()
+        };
+        tpl.render(minijinja::context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => tok(self.inner.bos),
+            eos_token => tok(self.inner.eos),
+        })
+        .map_err(|e| ModelError::Template(format!("{e:#}")))
+    }
+
+    /// Tokens that end generation (EOS, EOT and known end-of-turn control tokens).
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        self.inner.eos_ids.clone()
+    }
+
+    pub fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos
+    }
+
+    /// Whether `encode(.., true)` prepends BOS.
+    pub fn add_bos(&self) -> bool {
+        self.inner.add_bos
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.tokens.len()
+    }
+
+    /// The `tokenizer.ggml.pre` value used.
+    pub fn pre_tokenizer_name(&self) -> &str {
+        &self.inner.pre
+    }
+
+    /// Whether `id` is a control (special) token.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.inner
+            .special
+            .get(id as usize)
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The vocabulary entry of `id` as stored (byte-level encoded, e.g. `Ġworld`).
+    pub fn token_text(&self, id: u32) -> Option<&str> {
+        self.inner.tokens.get(id as usize).map(String::as_str)
+    }
+
+    /// The raw bytes `id` stands for (control tokens: their text).
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let t = self.token_text(id)?;
+        if self.is_special(id) {
+            return Some(t.as_bytes().to_vec());
+        }
+        let map = byte_level_decoder_map();
+        let mut out = Vec::with_capacity(t.len());
+        for ch in t.chars() {
+            match map.get(&ch) {
+                Some(&b) => out.push(b),
+                None => out.extend_from_slice(ch.encode_utf8(&mut [0u8; 4]).as_bytes()),
+            }
+        }
+        Some(out)
+    }
+
+    /// The text of one token (lossy when it is part of a multi-byte character).
+    pub fn token_to_piece(&self, id: u32) -> Result<String, ModelError> {
+        let b = self.token_bytes(id).ok_or_else(|| {
+            ModelError::Tokenizer(format!("token id {id} outside the vocabulary"))
+        })?;
+        Ok(String::from_utf8_lossy(&b).into_owned())
+    }
+
+    /// The underlying `tokenizers::Tokenizer`.
+    pub fn hf_tokenizer(&self) -> &Tokenizer {
+        &self.inner.tk
+    }
+}
+
+/// GPT-2's byte ↔ unicode table, inverted: char → byte.
+fn byte_level_decoder_map() -> &'static HashMap<char, u8> {
+    static MAP: std::sync::OnceLock<HashMap<char, u8>> = std::sync::OnceLock::new();
+    MAP.get_or_init(|| {
+        let mut bs: Vec<u32> = (b'!' as u32..=b'~' as u32)
+            .chain(0xA1..=0xAC)
+            .chain(0xAE..=0xFF)
+            .collect();
+        let mut cs = bs.clone();
+        let mut n = 0;
+        for b in 0..256u32 {
+            if !bs.contains(&b) {
+                bs.push(b);
+                cs.push(256 + n);
+                n += 1;
+            }
+        }
+        bs.iter()
+            .zip(&cs)
+            .filter_map(|(&b, &c)| char::from_u32(c).map(|c| (c, b as u8)))
+            .collect()
+    })
+}
+
+/// Streams text out of token ids, never emitting a broken UTF-8 sequence: text is held back
+/// while the tail decodes to U+FFFD.
+#[derive(Clone, Debug, Default)]
+pub struct IncrementalDetokenizer {
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+    skip_special_tokens: bool,
+}
+
+impl IncrementalDetokenizer {
+    pub fn new(skip_special_tokens: bool) -> Self {
+        IncrementalDetokenizer {
+            skip_special_tokens,
+            ..Default::default()
+        }
+    }
+
+    /// All ids pushed so far.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
+    /// Adds ids; returns the newly completed text (possibly empty).
+    pub fn push(&mut self, tok: &GgufTokenizer, ids: &[u32]) -> Result<String, ModelError> {
+        self.ids.extend_from_slice(ids);
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
+            if let Some(new) = full.get(prefix.len()..) {
+                let new = new.to_string();
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.ids.len();
+                return Ok(new);
+            }
+        }
+        Ok(String::new())
+    }
+
+    /// Emits whatever is still held back (with U+FFFD for incomplete characters).
+    pub fn finish(&mut self, tok: &GgufTokenizer) -> Result<String, ModelError> {
+        let prefix = tok.decode(
+            &self.ids[self.prefix_offset..self.read_offset],
+            self.skip_special_tokens,
+        )?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
+        self.prefix_offset = self.ids.len();
+        self.read_offset = self.ids.len();
+        Ok(full.get(prefix.len()..).unwrap_or("").to_string())
+    }
+}

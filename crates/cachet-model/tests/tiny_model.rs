@@ -1,0 +1,568 @@
+//! A tiny random llama GGUF written by the test itself, run through the paged, batched, chunked
+//! executor and checked against a plain dense forward (all weights dequantized by candle, full
+//! causal attention over the whole sequence) written here.
+
+mod common;
+
+use std::path::PathBuf;
+
+use cachet_core::exec::SampleSpec;
+use cachet_core::{ExecBatch, Executor, SamplingParams, SeqChunk};
+use cachet_model::{load_model, ExecutorConfig, KvDtype, LlamaExecutor, LoadOptions, LoadedModel};
+use candle_core::quantized::gguf_file::{self, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+const VOCAB: usize = 64;
+const HIDDEN: usize = 64;
+const FFN: usize = 128;
+const LAYERS: usize = 2;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HEAD_DIM: usize = HIDDEN / HEADS;
+const EPS: f32 = 1e-5;
+const THETA: f32 = 10_000.0;
+const BLOCK: usize = 4;
+
+struct Rng(u64);
+impl Rng {
+    fn next_f32(&mut self) -> f32 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+    fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next_f32() * scale).collect()
+    }
+}
+
+fn tensor_names() -> Vec<(String, Vec<usize>)> {
+    let mut v = vec![("token_embd.weight".to_string(), vec![VOCAB, HIDDEN])];
+    for l in 0..LAYERS {
+        let kvd = KV_HEADS * HEAD_DIM;
+        for (n, s) in [
+            ("attn_norm.weight", vec![HIDDEN]),
+            ("attn_q.weight", vec![HIDDEN, HIDDEN]),
+            ("attn_k.weight", vec![kvd, HIDDEN]),
+            ("attn_v.weight", vec![kvd, HIDDEN]),
+            ("attn_output.weight", vec![HIDDEN, HIDDEN]),
+            ("ffn_norm.weight", vec![HIDDEN]),
+            ("ffn_gate.weight", vec![FFN, HIDDEN]),
+            ("ffn_up.weight", vec![FFN, HIDDEN]),
+            ("ffn_down.weight", vec![HIDDEN, FFN]),
+        ] {
+            v.push((format!("blk.{l}.{n}"), s));
+        }
+    }
+    v.push(("output_norm.weight".to_string(), vec![HIDDEN]));
+    v
+}
+
+/// Writes the tiny model; `dtype` for matrices (norms stay F32); `tied`: no output.weight.
+fn write_tiny(dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
+    let mut rng = Rng(seed);
+    let dev = Device::Cpu;
+    let mut names = tensor_names();
+    if !tied {
+        names.push(("output.weight".to_string(), vec![VOCAB, HIDDEN]));
+    }
+    let mut tensors = Vec::new();
+    for (name, shape) in &names {
+        let n: usize = shape.iter().product();
+        let data = if shape.len() == 1 {
+            rng.vec(n, 0.2).into_iter().map(|x| 1.0 + x).collect()
+        } else {
+            rng.vec(n, 0.5)
+        };
+        let t = Tensor::from_vec(data, shape.clone(), &dev).expect("tensor");
+        let dt = if shape.len() == 1 {
+            GgmlDType::F32
+        } else {
+            dtype
+        };
+        tensors.push((name.clone(), QTensor::quantize(&t, dt).expect("quantize")));
+    }
+    let mut tokens: Vec<Value> = vec![Value::String("<|endoftext|>".into())];
+    for i in 1..VOCAB {
+        tokens.push(Value::String(char::from(b'!' + i as u8).to_string()));
+    }
+    let mut types = vec![Value::I32(1); VOCAB];
+    types[0] = Value::I32(3);
+    let s = |x: &str| Value::String(x.to_string());
+    let meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", s("llama")),
+        ("general.name", s("tiny-test")),
+        ("llama.block_count", Value::U32(LAYERS as u32)),
+        ("llama.context_length", Value::U32(256)),
+        ("llama.embedding_length", Value::U32(HIDDEN as u32)),
+        ("llama.feed_forward_length", Value::U32(FFN as u32)),
+        ("llama.attention.head_count", Value::U32(HEADS as u32)),
+        ("llama.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(EPS)),
+        ("llama.rope.freq_base", Value::F32(THETA)),
+        ("llama.vocab_size", Value::U32(VOCAB as u32)),
+        ("tokenizer.ggml.model", s("gpt2")),
+        ("tokenizer.ggml.pre", s("default")),
+        ("tokenizer.ggml.tokens", Value::Array(tokens)),
+        ("tokenizer.ggml.token_type", Value::Array(types)),
+        ("tokenizer.ggml.merges", Value::Array(vec![])),
+        ("tokenizer.ggml.eos_token_id", Value::U32(0)),
+    ];
+    let dir = std::env::temp_dir().join(format!("cachet-model-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("tmp dir");
+    let path = dir.join(format!("tiny-{dtype:?}-{tied}-{seed}.gguf"));
+    let mut f = std::fs::File::create(&path).expect("create");
+    let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut f, &meta_refs, &t_refs).expect("write gguf");
+    path
+}
+
+/// Dense f32 weights read back by candle.
+struct Dense {
+    t: std::collections::HashMap<String, Vec<f32>>,
+}
+
+impl Dense {
+    fn read(path: &PathBuf) -> Dense {
+        let mut f = std::fs::File::open(path).expect("open");
+        let c = gguf_file::Content::read(&mut f).expect("read");
+        let mut t = std::collections::HashMap::new();
+        for name in c.tensor_infos.keys() {
+            let q = c.tensor(&mut f, name, &Device::Cpu).expect("tensor");
+            let v = q
+                .dequantize(&Device::Cpu)
+                .and_then(|x| x.flatten_all())
+                .and_then(|x| x.to_vec1::<f32>())
+                .expect("deq");
+            t.insert(name.clone(), v);
+        }
+        Dense { t }
+    }
+    fn w(&self, name: &str) -> &[f32] {
+        &self.t[name]
+    }
+    /// y[rows] = W[rows][cols] · x
+    fn mv(&self, name: &str, x: &[f32]) -> Vec<f32> {
+        let w = self.w(name);
+        let cols = x.len();
+        w.chunks(cols)
+            .map(|r| {
+                r.iter()
+                    .zip(x)
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum::<f64>() as f32
+            })
+            .collect()
+    }
+
+    /// Logits at every position of `tokens`.
+    fn forward(&self, tokens: &[u32]) -> Vec<Vec<f32>> {
+        let n = tokens.len();
+        let rms = |x: &[f32], w: &[f32]| -> Vec<f32> {
+            let ss = x.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / x.len() as f64;
+            let r = 1.0 / (ss + EPS as f64).sqrt();
+            x.iter()
+                .zip(w)
+                .map(|(v, g)| (*v as f64 * r) as f32 * g)
+                .collect()
+        };
+        // Interleaved ("normal") rope as in ggml for llama.
+        let rope = |x: &mut [f32], pos: usize| {
+            for i in 0..HEAD_DIM / 2 {
+                let theta = (pos as f64) * (THETA as f64).powf(-((2 * i) as f64) / HEAD_DIM as f64);
+                let (c, s) = (theta.cos(), theta.sin());
+                let (a, b) = (x[2 * i] as f64, x[2 * i + 1] as f64);
+                x[2 * i] = (a * c - b * s) as f32;
+                x[2 * i + 1] = (a * s + b * c) as f32;
+            }
+        };
+        let emb = self.w("token_embd.weight");
+        let mut xs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| emb[t as usize * HIDDEN..(t as usize + 1) * HIDDEN].to_vec())
+            .collect();
+        for l in 0..LAYERS {
+            let p = |s: &str| format!("blk.{l}.{s}");
+            let mut qs = Vec::new();
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for (pos, x) in xs.iter().enumerate() {
+                let h = rms(x, self.w(&p("attn_norm.weight")));
+                let mut q = self.mv(&p("attn_q.weight"), &h);
+                let mut k = self.mv(&p("attn_k.weight"), &h);
+                for hh in 0..HEADS {
+                    rope(&mut q[hh * HEAD_DIM..(hh + 1) * HEAD_DIM], pos);
+                }
+                for hh in 0..KV_HEADS {
+                    rope(&mut k[hh * HEAD_DIM..(hh + 1) * HEAD_DIM], pos);
+                }
+                qs.push(q);
+                ks.push(k);
+                vs.push(self.mv(&p("attn_v.weight"), &h));
+            }
+            for i in 0..n {
+                let mut att = vec![0f32; HIDDEN];
+                for hh in 0..HEADS {
+                    let g = hh / (HEADS / KV_HEADS);
+                    let q = &qs[i][hh * HEAD_DIM..(hh + 1) * HEAD_DIM];
+                    let sc: Vec<f64> = (0..=i)
+                        .map(|j| {
+                            let k = &ks[j][g * HEAD_DIM..(g + 1) * HEAD_DIM];
+                            q.iter()
+                                .zip(k)
+                                .map(|(a, b)| (*a as f64) * (*b as f64))
+                                .sum::<f64>()
+                                / (HEAD_DIM as f64).sqrt()
+                        })
+                        .collect();
+                    let m = sc.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let e: Vec<f64> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let z: f64 = e.iter().sum();
+                    for d in 0..HEAD_DIM {
+                        let v: f64 = (0..=i)
+                            .map(|j| e[j] / z * vs[j][g * HEAD_DIM + d] as f64)
+                            .sum();
+                        att[hh * HEAD_DIM + d] = v as f32;
+                    }
+                }
+                let o = self.mv(&p("attn_output.weight"), &att);
+                for (x, d) in xs[i].iter_mut().zip(o) {
+                    *x += d;
+                }
+                let h = rms(&xs[i], self.w(&p("ffn_norm.weight")));
+                let g = self.mv(&p("ffn_gate.weight"), &h);
+                let u = self.mv(&p("ffn_up.weight"), &h);
+                let a: Vec<f32> = g
+                    .iter()
+                    .zip(&u)
+                    .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+                    .collect();
+                let d = self.mv(&p("ffn_down.weight"), &a);
+                for (x, d) in xs[i].iter_mut().zip(d) {
+                    *x += d;
+                }
+            }
+        }
+        let head = if self.t.contains_key("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        xs.iter()
+            .map(|x| self.mv(head, &rms(x, self.w("output_norm.weight"))))
+            .collect()
+    }
+}
+
+struct Case {
+    model: LoadedModel,
+    dense: Dense,
+    tol: f32,
+}
+
+fn case(dtype: GgmlDType, tied: bool, tol: f32) -> Case {
+    let path = write_tiny(dtype, tied, 7 + dtype as u64);
+    let model = load_model(
+        &path,
+        &LoadOptions {
+            threads: 2,
+            progress: false,
+            full_fingerprint: true,
+        },
+    )
+    .expect("load tiny");
+    let dense = Dense::read(&path);
+    Case { model, dense, tol }
+}
+
+fn exec(c: &Case, kv: KvDtype) -> LlamaExecutor {
+    c.model
+        .executor(ExecutorConfig {
+            block_size: BLOCK,
+            num_blocks: 64,
+            kv_dtype: kv,
+        })
+        .expect("executor")
+}
+
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len());
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+    let err = got
+        .iter()
+        .zip(want)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    if std::env::var_os("CACHET_TEST_VERBOSE").is_some() {
+        eprintln!("{what}: max abs error {err} (scale {scale})");
+    }
+    assert!(
+        err <= tol * scale,
+        "{what}: max abs error {err} > {tol} * {scale}"
+    );
+}
+
+fn prompt(len: usize, seed: u64) -> Vec<u32> {
+    let mut r = Rng(seed);
+    (0..len)
+        .map(|_| ((r.next_f32() + 1.0) * 0.5 * (VOCAB as f32 - 1.0)) as u32 % VOCAB as u32)
+        .collect()
+}
+
+/// A chunk whose last row is sampled (for logits).
+fn chunk<'a>(
+    tokens: &'a [u32],
+    start: usize,
+    table: &'a [u32],
+    params: &'a SamplingParams,
+) -> SeqChunk<'a> {
+    SeqChunk {
+        slot: 0,
+        tokens,
+        start_pos: start,
+        block_table: table,
+        sample: Some(SampleSpec {
+            params,
+            prompt: &[],
+            output: &[],
+        }),
+    }
+}
+
+fn run_scenarios(c: &Case, kv: KvDtype) {
+    let params = SamplingParams::default();
+    let p = prompt(19, 1);
+    let want = c.dense.forward(&p);
+    let table_a: Vec<u32> = (0..8).collect();
+
+    // (a) the whole prompt at once.
+    let mut e = exec(c, kv);
+    let got = e
+        .execute_logits(&ExecBatch {
+            seqs: vec![chunk(&p, 0, &table_a, &params)],
+        })
+        .expect("exec");
+    assert_close(&got[0], &want[18], c.tol, "whole prompt");
+
+    // (b) chunks of 5, 7, 1, 6 tokens over several calls (each chunk end compared).
+    let mut e = exec(c, kv);
+    let mut start = 0;
+    for n in [5, 7, 1, 6] {
+        let got = e
+            .execute_logits(&ExecBatch {
+                seqs: vec![chunk(&p[start..start + n], start, &table_a, &params)],
+            })
+            .expect("exec");
+        assert_close(
+            &got[0],
+            &want[start + n - 1],
+            c.tol,
+            &format!("chunk ending at {}", start + n),
+        );
+        start += n;
+    }
+
+    // (c) a second request whose table starts with the first one's blocks: 12 cached positions
+    // (3 full blocks), only the suffix is computed.
+    let mut q = p[..12].to_vec();
+    q.extend(prompt(9, 2));
+    let want_q = c.dense.forward(&q);
+    let table_b: Vec<u32> = [0, 1, 2, 20, 21, 22].to_vec();
+    let got = e
+        .execute_logits(&ExecBatch {
+            seqs: vec![chunk(&q[12..], 12, &table_b, &params)],
+        })
+        .expect("exec");
+    assert_close(&got[0], &want_q[20], c.tol, "prefix hit suffix");
+
+    // (d) one batch: a decode of request A (position 19), another prefix-hit request sharing
+    // A's first 2 blocks, a fresh prompt, and a 1-token prompt.
+    let mut a_next = p.clone();
+    a_next.push(5);
+    let want_a = c.dense.forward(&a_next);
+    let mut r = p[..8].to_vec();
+    r.extend(prompt(6, 3));
+    let want_r = c.dense.forward(&r);
+    let fresh = prompt(11, 4);
+    let want_f = c.dense.forward(&fresh);
+    let one = vec![9u32];
+    let want_o = c.dense.forward(&one);
+    let table_r: Vec<u32> = vec![0, 1, 30, 31];
+    let table_f: Vec<u32> = vec![40, 41, 42];
+    let table_o: Vec<u32> = vec![50];
+    let batch = ExecBatch {
+        seqs: vec![
+            chunk(&a_next[19..], 19, &table_a, &params),
+            chunk(&r[8..], 8, &table_r, &params),
+            chunk(&fresh, 0, &table_f, &params),
+            SeqChunk {
+                slot: 3,
+                tokens: &one,
+                start_pos: 0,
+                block_table: &table_o,
+                sample: None,
+            },
+        ],
+    };
+    let got = e.execute_logits(&batch).expect("exec");
+    assert_eq!(got.len(), 3, "only sampled rows get logits");
+    assert_close(&got[0], &want_a[19], c.tol, "batched decode");
+    assert_close(&got[1], &want_r[13], c.tol, "batched prefix hit");
+    assert_close(&got[2], &want_f[10], c.tol, "batched fresh prompt");
+    // The unsampled 1-token prompt's KV is in block 50: decode after it.
+    let two = [9u32, 17];
+    let want_two = c.dense.forward(&two);
+    let got = e
+        .execute_logits(&ExecBatch {
+            seqs: vec![chunk(&two[1..], 1, &table_o, &params)],
+        })
+        .expect("exec");
+    assert_close(
+        &got[0],
+        &want_two[1],
+        c.tol,
+        "decode after unsampled prefill",
+    );
+    let _ = want_o;
+}
+
+#[test]
+fn f32_weights_match_dense_reference() {
+    let c = case(GgmlDType::F32, false, 2e-4);
+    run_scenarios(&c, KvDtype::F32);
+    let c16 = Case { tol: 5e-3, ..c };
+    run_scenarios(&c16, KvDtype::F16);
+}
+
+#[test]
+fn q8_0_tied_weights_match_dense_reference() {
+    let c = case(GgmlDType::Q8_0, true, 2e-2);
+    run_scenarios(&c, KvDtype::F32);
+    run_scenarios(&c, KvDtype::F16);
+}
+
+#[test]
+fn q4_1_weights_match_dense_reference() {
+    let c = case(GgmlDType::Q4_1, false, 3e-2);
+    run_scenarios(&c, KvDtype::F16);
+}
+
+#[test]
+fn q4_0_and_f16_weights_match_dense_reference() {
+    for (dt, tol) in [(GgmlDType::Q4_0, 3e-2), (GgmlDType::F16, 2e-3)] {
+        let c = case(dt, true, tol);
+        run_scenarios(&c, KvDtype::F32);
+    }
+}
+
+#[test]
+fn metadata_layout_and_fingerprint() {
+    let c = case(GgmlDType::F32, false, 0.0);
+    let e = exec(&c, KvDtype::F16);
+    assert_eq!(
+        e.kv_layout(),
+        format!("f16:L{LAYERS}:KV{KV_HEADS}:D{HEAD_DIM}")
+    );
+    assert_eq!(e.model_fingerprint(), c.model.info.fingerprint);
+    assert_eq!(c.model.info.architecture, "llama");
+    assert_eq!(c.model.info.vocab_size, VOCAB);
+    assert_eq!(c.model.info.name, "tiny-test");
+    // Same file loaded twice: same fingerprint; other weights: another one.
+    let again = load_model(
+        &c.model.info.path,
+        &LoadOptions {
+            threads: 1,
+            progress: false,
+            full_fingerprint: true,
+        },
+    )
+    .expect("load");
+    assert_eq!(again.info.fingerprint, c.model.info.fingerprint);
+    let other = case(GgmlDType::F32, true, 0.0);
+    assert_ne!(other.model.info.fingerprint, c.model.info.fingerprint);
+    // KV sizing: 2 (K,V) * layers * kv heads * head dim * 2 bytes per token.
+    let per_block = 2 * LAYERS * KV_HEADS * HEAD_DIM * 2 * BLOCK;
+    assert_eq!(
+        c.model
+            .num_blocks_for_memory((per_block * 10 + 1) as u64, BLOCK, KvDtype::F16),
+        10
+    );
+}
+
+#[test]
+fn invalid_batches_are_errors_not_panics() {
+    let c = case(GgmlDType::F32, false, 0.0);
+    let mut e = exec(&c, KvDtype::F32);
+    let params = SamplingParams::default();
+    let toks = [1u32, 2, 3, 4, 5];
+    let short = [0u32];
+    assert!(
+        e.execute(&ExecBatch {
+            seqs: vec![chunk(&toks, 0, &short, &params)]
+        })
+        .is_err(),
+        "table too short"
+    );
+    let far = [1000u32, 1001];
+    assert!(
+        e.execute(&ExecBatch {
+            seqs: vec![chunk(&toks, 0, &far, &params)]
+        })
+        .is_err(),
+        "block outside arena"
+    );
+    let bad = [VOCAB as u32];
+    assert!(
+        e.execute(&ExecBatch {
+            seqs: vec![chunk(&bad, 0, &short, &params)]
+        })
+        .is_err(),
+        "token outside vocab"
+    );
+    let empty: [u32; 0] = [];
+    assert!(
+        e.execute(&ExecBatch {
+            seqs: vec![chunk(&empty, 0, &short, &params)]
+        })
+        .is_err(),
+        "sample of empty chunk"
+    );
+    assert!(e
+        .execute(&ExecBatch::default())
+        .expect("empty batch")
+        .is_empty());
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let path = write_tiny(GgmlDType::F32, true, 99);
+    let mut bytes = std::fs::read(&path).expect("read");
+    // Patch "llama" in general.architecture's value to "gemma" (same length).
+    let needle = b"general.architecture";
+    let key = bytes
+        .windows(needle.len())
+        .position(|w| w == needle)
+        .expect("key");
+    let pos = key
+        + bytes[key..]
+            .windows(5)
+            .position(|w| w == b"llama")
+            .expect("value");
+    bytes[pos..pos + 5].copy_from_slice(b"gemma");
+    let p2 = path.with_extension("gemma.gguf");
+    std::fs::write(&p2, &bytes).expect("write");
+    let err = match load_model(
+        &p2,
+        &LoadOptions {
+            threads: 1,
+            progress: false,
+            full_fingerprint: false,
+        },
+    ) {
+        Ok(_) => panic!("gemma must not load"),
+        Err(e) => e.to_string(),
+    };
+    assert!(err.contains("gemma"), "{err}");
+}
