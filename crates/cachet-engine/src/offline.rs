@@ -1,0 +1,99 @@
+//! The offline API: run requests to completion on the calling thread.
+
+use cachet_core::exec::Executor;
+use cachet_core::scheduler::AddRequestError;
+use cachet_core::stats::{CounterDeltas, PrefillStats};
+use cachet_core::{ExecError, FinishReason, NewRequest, SchedulerConfig, TokenId};
+use serde::Serialize;
+
+use crate::core_loop::EngineCore;
+use crate::{StatLogger, StepStats};
+
+/// The result of one request.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CompletedRequest {
+    pub request_id: String,
+    pub output_token_ids: Vec<TokenId>,
+    pub finish_reason: FinishReason,
+    /// `None` only for a request that was never admitted.
+    pub prefill_stats: Option<PrefillStats>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OfflineError {
+    #[error("request {id:?} rejected: {err}")]
+    Rejected { id: String, err: AddRequestError },
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// Sums every delta it receives: the run's aggregate counters.
+#[derive(Clone, Default)]
+pub struct TotalsLogger(pub std::sync::Arc<std::sync::Mutex<CounterDeltas>>);
+
+impl StatLogger for TotalsLogger {
+    fn record(&mut self, step: &StepStats) {
+        if let Ok(mut t) = self.0.lock() {
+            t.accumulate(&step.deltas);
+        }
+    }
+}
+
+pub struct OfflineEngine<E: Executor> {
+    core: EngineCore<E>,
+    totals: TotalsLogger,
+    clock: f64,
+    /// Seconds the logical clock advances per step (the offline engine is deterministic).
+    pub step_seconds: f64,
+}
+
+impl<E: Executor> OfflineEngine<E> {
+    pub fn new(cfg: SchedulerConfig, executor: E) -> Self {
+        let totals = TotalsLogger::default();
+        let core = EngineCore::new(cfg, executor, vec![Box::new(totals.clone())]);
+        OfflineEngine { core, totals, clock: 0.0, step_seconds: 0.001 }
+    }
+
+    pub fn core(&mut self) -> &mut EngineCore<E> {
+        &mut self.core
+    }
+
+    /// The aggregate counters of everything run so far (sum of all step deltas).
+    pub fn totals(&self) -> CounterDeltas {
+        self.totals.0.lock().map(|t| *t).unwrap_or_default()
+    }
+
+    /// Submit all requests at once and run until every one has finished. Outputs are in
+    /// submission order.
+    pub fn generate(&mut self, reqs: Vec<NewRequest>) -> Result<Vec<CompletedRequest>, OfflineError> {
+        let ids: Vec<String> = reqs.iter().map(|r| r.request_id.clone()).collect();
+        let mut results: std::collections::HashMap<String, CompletedRequest> = Default::default();
+        for mut r in reqs {
+            r.arrival_time = self.clock;
+            let id = r.request_id.clone();
+            self.core.add_request(r).map_err(|err| OfflineError::Rejected { id: id.clone(), err })?;
+            results.insert(
+                id.clone(),
+                CompletedRequest { request_id: id, output_token_ids: Vec::new(), finish_reason: FinishReason::Abort, prefill_stats: None },
+            );
+        }
+        while self.core.scheduler().has_unfinished() {
+            self.clock += self.step_seconds;
+            let t = self.clock;
+            for out in self.core.step(|| t)? {
+                if let Some(c) = results.get_mut(&*out.update.request_id) {
+                    if let Some(tok) = &out.update.token {
+                        c.output_token_ids.push(tok.token);
+                    }
+                    if let Some(p) = out.update.prefill_stats {
+                        c.prefill_stats = Some(p);
+                    }
+                    if let Some(f) = out.update.finish {
+                        c.finish_reason = f;
+                    }
+                }
+            }
+        }
+        Ok(ids.into_iter().filter_map(|id| results.remove(&id)).collect())
+    }
+}

@@ -1,0 +1,187 @@
+//! A deterministic simulated model for tests and scheduler benchmarks.
+//!
+//! It is a real consumer of the paged KV layout: for every computed token it writes a KV
+//! fingerprint `fp(pos) = mix(fp(pos-1), token, pos)` into the block arena at
+//! `block_table[pos / B] * B + pos % B`, reading `fp(pos-1)` back through the block table. A
+//! sampled token is derived from every fingerprint of the context, read back through the table.
+//! So a wrong block served from the cache, a stale block or a block overwritten while shared
+//! changes its output. Costs per prefill token and per decode sequence make it useful for timing.
+
+use std::time::Duration;
+
+use cachet_core::exec::{ExecBatch, ExecError, Executor, Sampled};
+
+use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
+
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub num_blocks: usize,
+    pub block_size: usize,
+    /// Sampled tokens are drawn from `first_token..first_token + vocab_size`.
+    pub first_token: u32,
+    pub vocab_size: u32,
+    /// The model's EOS token.
+    pub eos_token_id: u32,
+    /// When set, the n-th generated token of every request is EOS (n counted from 1).
+    pub eos_at_output: Option<usize>,
+    /// Wall time per computed prompt token (prefill chunks).
+    pub prefill_cost_per_token: Duration,
+    /// Wall time per decoding sequence in a step.
+    pub decode_cost_per_seq: Duration,
+    /// Part of the model identity (and so of the hash seed).
+    pub model_name: String,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig {
+            num_blocks: 1024,
+            block_size: 16,
+            // The byte tokenizer's printable ASCII: bytes 32..=126 are ids 35..=129.
+            first_token: ByteTokenizer::OFFSET + 32,
+            vocab_size: 95,
+            eos_token_id: ByteTokenizer::EOS,
+            eos_at_output: None,
+            prefill_cost_per_token: Duration::ZERO,
+            decode_cost_per_seq: Duration::ZERO,
+            model_name: "cachet-sim".into(),
+        }
+    }
+}
+
+pub struct SimExecutor {
+    cfg: SimConfig,
+    arena: Vec<u64>,
+}
+
+const SEED: u64 = 0x9e37_79b9_7f4a_7c15;
+
+fn mix(a: u64, b: u64) -> u64 {
+    // splitmix64 over a ^ rotated b
+    let mut z = a ^ b.rotate_left(29) ^ 0xbf58_476d_1ce4_e5b9;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl SimExecutor {
+    pub fn new(cfg: SimConfig) -> Self {
+        let arena = vec![0; cfg.num_blocks * cfg.block_size];
+        SimExecutor { cfg, arena }
+    }
+
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    fn slot(&self, table: &[u32], pos: usize) -> Result<usize, ExecError> {
+        let b = self.cfg.block_size;
+        let block = *table
+            .get(pos / b)
+            .ok_or_else(|| ExecError::Failed(format!("position {pos} is outside the block table")))?;
+        let idx = block as usize * b + pos % b;
+        if idx >= self.arena.len() {
+            return Err(ExecError::Failed(format!("block {block} is outside the arena")));
+        }
+        Ok(idx)
+    }
+}
+
+impl Executor for SimExecutor {
+    fn model_fingerprint(&self) -> [u8; 32] {
+        let mut h = blake3::Hasher::new();
+        h.update(b"cachet-sim/v1\0");
+        h.update(self.cfg.model_name.as_bytes());
+        h.update(&self.cfg.first_token.to_le_bytes());
+        h.update(&self.cfg.vocab_size.to_le_bytes());
+        *h.finalize().as_bytes()
+    }
+
+    fn kv_layout(&self) -> String {
+        "sim:u64".into()
+    }
+
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+        let mut cost = Duration::ZERO;
+        let mut results = Vec::with_capacity(batch.seqs.len());
+        for seq in &batch.seqs {
+            for (i, &tok) in seq.tokens.iter().enumerate() {
+                let pos = seq.start_pos + i;
+                let prev = if pos == 0 { SEED } else { self.arena[self.slot(seq.block_table, pos - 1)?] };
+                let idx = self.slot(seq.block_table, pos)?;
+                self.arena[idx] = mix(prev, (tok as u64) << 32 | pos as u64);
+            }
+            if seq.tokens.len() > 1 || seq.start_pos + seq.tokens.len() <= seq.sample.as_ref().map_or(0, |s| s.prompt.len()) {
+                cost += self.cfg.prefill_cost_per_token * seq.tokens.len() as u32;
+            } else {
+                cost += self.cfg.decode_cost_per_seq;
+            }
+            let Some(spec) = &seq.sample else {
+                results.push(None);
+                continue;
+            };
+            let end = seq.start_pos + seq.tokens.len();
+            let mut h = SEED;
+            for pos in 0..end {
+                h = mix(h, self.arena[self.slot(seq.block_table, pos)?]);
+            }
+            let n_out = spec.output.len() + 1;
+            let token = if self.cfg.eos_at_output == Some(n_out) {
+                self.cfg.eos_token_id
+            } else {
+                self.cfg.first_token + (h % self.cfg.vocab_size.max(1) as u64) as u32
+            };
+            let mut s = Sampled::token(token);
+            if let Some(k) = spec.params.logprobs {
+                s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
+                s.top_logprobs = (0..k.min(5)).map(|j| (self.cfg.first_token + j, -1.0 - j as f32)).collect();
+            }
+            results.push(Some(s));
+        }
+        if !cost.is_zero() {
+            std::thread::sleep(cost);
+        }
+        Ok(results)
+    }
+}
+
+/// A byte-level tokenizer for the simulated model: byte `b` is token `b + 3`; 0 = pad,
+/// 1 = BOS, 2 = EOS. The chat template renders `<|role|>\ncontent\n` lines and ends with
+/// `<|assistant|>\n` when a generation prompt is asked for.
+#[derive(Clone, Debug, Default)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    pub const OFFSET: u32 = 3;
+    pub const EOS: u32 = 2;
+}
+
+impl TextTokenizer for ByteTokenizer {
+    fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        Ok(text.bytes().map(|b| b as u32 + Self::OFFSET).collect())
+    }
+
+    fn decode(&self, ids: &[u32], _skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        let bytes: Vec<u8> = ids
+            .iter()
+            .filter(|&&t| (Self::OFFSET..Self::OFFSET + 256).contains(&t))
+            .map(|&t| (t - Self::OFFSET) as u8)
+            .collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+        let mut s = String::new();
+        for m in messages {
+            s.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
+        }
+        if add_generation_prompt {
+            s.push_str("<|assistant|>\n");
+        }
+        Ok(s)
+    }
+
+    fn eos_token_ids(&self) -> Vec<u32> {
+        vec![Self::EOS]
+    }
+}
