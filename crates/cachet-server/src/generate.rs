@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use cachet_core::{FinishReason, NewRequest, PrefillStats, Sampled, SamplingParams};
-use cachet_engine::{AddRequestError, IncrementalDetokenizer, RequestMetrics, RequestStream};
+use cachet_engine::{
+    AddRequestError, CoreAddError, IncrementalDetokenizer, RequestMetrics, RequestStream,
+};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -103,12 +105,15 @@ fn fresh_id(prefix: &str) -> String {
 
 fn map_add_error(e: AddRequestError) -> ApiError {
     match e {
-        AddRequestError::QueueFull => ApiError::QueueFull,
+        AddRequestError::QueueFull(_) => ApiError::QueueFull,
         AddRequestError::ShuttingDown => ApiError::ShuttingDown,
-        AddRequestError::EmptyPrompt => ApiError::bad_request("The prompt is empty."),
-        AddRequestError::DuplicateId => ApiError::Internal("duplicate request id".into()),
-        other @ AddRequestError::PromptTooLong { .. } => ApiError::ContextLength(other.to_string()),
-        other => ApiError::bad_request(other.to_string()),
+        AddRequestError::Invalid(core) => match core {
+            CoreAddError::PromptTooLong { .. } | CoreAddError::CannotFit { .. } => {
+                ApiError::ContextLength(core.to_string())
+            }
+            CoreAddError::DuplicateId(_) => ApiError::Internal(core.to_string()),
+            other => ApiError::bad_request(other.to_string()),
+        },
     }
 }
 
@@ -135,7 +140,7 @@ impl Generation {
         let stream = loop {
             match engine.add_request(req.clone()) {
                 Ok(s) => break s,
-                Err(AddRequestError::DuplicateId) if attempt < 3 => {
+                Err(AddRequestError::Invalid(CoreAddError::DuplicateId(_))) if attempt < 3 => {
                     attempt += 1;
                     req.request_id = fresh_id(prefix);
                 }

@@ -100,7 +100,7 @@ pub fn request_metrics_json(f: &Final) -> Value {
     let m = f.metrics.as_ref();
     json!({
         "queue_time_ms": m.map(|m| m.queue_time_ms),
-        "time_to_first_token_ms": m.map(|m| m.time_to_first_token_ms),
+        "time_to_first_token_ms": m.and_then(|m| m.time_to_first_token_ms),
         "generation_time_ms": m.map(|m| m.generation_time_ms),
         "mean_itl_ms": m.map(|m| m.mean_itl_ms),
         "tokens_per_second": m.map(|m| m.tokens_per_second),

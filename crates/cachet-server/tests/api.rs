@@ -1,0 +1,877 @@
+//! Every route and error path of the server, over the simulated engine.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use common::*;
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+
+fn chat_body(content: &str, max_tokens: u32) -> Value {
+    json!({"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})
+}
+
+fn assert_openai_error(v: &Value) {
+    let e = &v["error"];
+    assert!(e["message"].is_string(), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    assert!(e.get("param").is_some() && e.get("code").is_some(), "{v}");
+}
+
+fn assert_anthropic_error(v: &Value, ty: &str) {
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], ty, "{v}");
+    assert!(v["error"]["message"].is_string(), "{v}");
+}
+
+#[tokio::test]
+async fn health_models_tokenize_detokenize() {
+    let h = start(Opts::default());
+    assert_eq!(h.get("/health").await.0, StatusCode::OK);
+    let (s, body) = h.get("/v1/models").await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], MODEL);
+
+    let (s, v, _) = h.post("/tokenize", json!({"prompt": "hello world"})).await;
+    assert_eq!(s, StatusCode::OK);
+    let tokens = v["tokens"].as_array().unwrap().clone();
+    assert_eq!(v["count"].as_u64().unwrap() as usize, tokens.len());
+    assert_eq!(v["max_model_len"], 1024);
+    let (s, v2, _) = h
+        .post(
+            "/tokenize",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v2["count"].as_u64().unwrap() > 0);
+    let (s, _, _) = h.post("/tokenize", json!({})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    let plain: Vec<u32> = h.engine.tokenizer().encode("hello world", false).unwrap();
+    let (s, v, _) = h.post("/detokenize", json!({"tokens": plain})).await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["prompt"], "hello world");
+    let (s, _, _) = h.post("/detokenize", json!({"tokens": "x"})).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn chat_non_streaming() {
+    let h = start(Opts::default());
+    let (s, v, resp) = h
+        .post("/v1/chat/completions", chat_body("Tell me a story", 8))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let id = v["id"].as_str().unwrap();
+    assert!(id.starts_with("chatcmpl-"), "{id}");
+    assert_eq!(resp.headers()["x-request-id"], id);
+    assert_eq!(v["model"], MODEL);
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"].is_string());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let u = &v["usage"];
+    assert_eq!(u["completion_tokens"], 8);
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + 8)
+    );
+    assert_eq!(u["prompt_tokens_details"]["cached_tokens"], 0);
+    assert!(u["prompt_tokens_details"]["created_cache_tokens"].is_u64());
+    let m = &v["metrics"];
+    for k in [
+        "queue_time_ms",
+        "time_to_first_token_ms",
+        "generation_time_ms",
+        "mean_itl_ms",
+        "tokens_per_second",
+    ] {
+        assert!(m[k].is_number(), "{k}: {m}");
+    }
+    let p = &m["prefix_cache"];
+    for k in [
+        "prompt_tokens",
+        "local_cached_tokens",
+        "external_cached_tokens",
+        "cached_tokens",
+        "computed_tokens",
+        "cache_creation_tokens",
+        "prefill_chunks",
+        "blocks_allocated",
+        "blocks_filled",
+        "blocks_evicted",
+        "preemptions",
+        "prefill_time_ms",
+        "queue_time_ms",
+    ] {
+        assert!(p[k].is_number(), "{k}: {p}");
+    }
+    assert_eq!(p["prompt_tokens"], u["prompt_tokens"]);
+}
+
+#[tokio::test]
+async fn content_parts_and_chat_template_match_tokenize() {
+    let h = start(Opts::default());
+    let messages = json!([
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": [{"type": "text", "text": "part one, "}, {"type": "text", "text": "part two"}]}
+    ]);
+    let (_, t, _) = h.post("/tokenize", json!({"messages": messages})).await;
+    let (s, v, _) = h
+        .post(
+            "/v1/chat/completions",
+            json!({"model": MODEL, "messages": messages, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], t["count"]);
+    let (s, v, _) = h
+        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "max_tokens": 2}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_openai_error(&v);
+}
+
+#[tokio::test]
+async fn chat_streaming_with_usage() {
+    let h = start(Opts::default());
+    let mut body = chat_body("Stream please", 6);
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (s, events, resp) = h.stream("/v1/chat/completions", body).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let id = chunks[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(resp.headers()["x-request-id"], id.as_str());
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(c["id"], id.as_str());
+    }
+    let usage_chunk = chunks.last().unwrap();
+    assert_eq!(usage_chunk["choices"], json!([]));
+    assert_eq!(usage_chunk["usage"]["completion_tokens"], 6);
+    assert!(usage_chunk["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64());
+    assert!(usage_chunk["metrics"]["prefix_cache"].is_object());
+    let finish = &chunks[chunks.len() - 2];
+    assert_eq!(finish["choices"][0]["finish_reason"], "length");
+    for c in &chunks[..chunks.len() - 1] {
+        assert!(c["usage"].is_null());
+    }
+
+    // Without include_usage: no usage chunk; metrics ride on the last chunk.
+    let mut body = chat_body("Stream please", 3);
+    body["stream"] = json!(true);
+    let (_, events, _) = h.stream("/v1/chat/completions", body).await;
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c.get("usage").is_none()));
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
+    assert!(chunks.last().unwrap()["metrics"].is_object());
+}
+
+#[tokio::test]
+async fn completions_string_tokens_and_streaming() {
+    let h = start(Opts::default());
+    let (s, v, resp) = h
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "Once upon", "max_tokens": 5, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    assert_eq!(resp.headers()["x-request-id"], v["id"].as_str().unwrap());
+    assert!(v["choices"][0]["text"].is_string());
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        h.tokenize_prompt("Once upon").await
+    );
+
+    let ids = h.engine.tokenizer().encode("token prompt", true).unwrap();
+    let (s, v, _) = h
+        .post("/v1/completions", json!({"prompt": ids, "max_tokens": 2}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+        ids.len()
+    );
+    let (s, _, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": ["one prompt"], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": ["a", "b"], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "prompt");
+    let (s, _, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": [[1, 2], [3, 4]], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, _, _) = h
+        .post("/v1/completions", json!({"prompt": [], "max_tokens": 2}))
+        .await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+
+    let (s, events, _) = h
+        .stream("/v1/completions", json!({"prompt": "Once upon", "max_tokens": 4, "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.iter().all(|c| c["object"] == "text_completion"));
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 4);
+}
+
+#[tokio::test]
+async fn logprobs_chat_and_completions() {
+    let h = start(Opts::default());
+    let mut body = chat_body("logprobs", 3);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let (s, v, _) = h.post("/v1/chat/completions", body).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), 3);
+    assert!(content[0]["logprob"].is_number());
+    assert!(content[0]["top_logprobs"].is_array());
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": "abc", "max_tokens": 3, "logprobs": 1, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["choices"][0]["logprobs"]["token_logprobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    let mut body = chat_body("x", 2);
+    body["top_logprobs"] = json!(2);
+    let (s, _, _) = h.post("/v1/chat/completions", body).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    let (s, v, _) = h.post("/v1/chat/completions", chat_body("x", 2)).await;
+    assert_eq!(s, StatusCode::OK);
+    assert!(v["choices"][0]["logprobs"].is_null());
+}
+
+/// Greedy text of a prompt, with EOS ignored.
+async fn greedy_text(h: &Harness, prompt: &str, max_tokens: u32) -> String {
+    let (s, v, _) = h.post("/v1/completions", json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// A stop string taken from the middle of the greedy text.
+fn pick_stop(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    assert!(
+        chars.len() >= 16,
+        "greedy text too short to pick a stop string: {text:?}"
+    );
+    chars[8..11].iter().collect()
+}
+
+#[tokio::test]
+async fn stop_strings_non_streaming_and_streaming() {
+    let h = start(Opts::default());
+    let prompt = "The stop string test prompt";
+    let full = greedy_text(&h, prompt, 40).await;
+    let stop = pick_stop(&full);
+    let expected = &full[..full.find(&stop).unwrap()];
+
+    let (s, v, _) = h
+        .post("/v1/completions", json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": stop}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][0]["text"], expected);
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["choices"][0]["stop_reason"], stop.as_str());
+
+    // Streaming: the concatenation equals the non-streaming text and no chunk leaks the stop.
+    let (_, events, _) = h
+        .stream(
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": ["zzzz-never", stop], "stream": true}),
+        )
+        .await;
+    let mut text = String::new();
+    let mut finish = Value::Null;
+    for (_, d) in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        let piece = c["choices"][0]["text"].as_str().unwrap();
+        assert!(!piece.contains(&stop));
+        text.push_str(piece);
+        if !c["choices"][0]["finish_reason"].is_null() {
+            finish = c["choices"][0]["finish_reason"].clone();
+        }
+    }
+    assert_eq!(text, expected);
+    assert_eq!(finish, "stop");
+
+    // Anthropic stop_sequences.
+    let (_, chat_full, _) = h.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "temperature": 0, "ignore_eos": true})).await;
+    let chat_text = chat_full["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stop = pick_stop(&chat_text);
+    let expected = &chat_text[..chat_text.find(&stop).unwrap()];
+    let (s, v, _) = h
+        .post("/v1/messages", json!({"model": MODEL, "max_tokens": 40, "temperature": 0, "messages": [{"role": "user", "content": prompt}], "stop_sequences": [stop]}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["stop_reason"], "stop_sequence");
+    assert_eq!(v["stop_sequence"], stop.as_str());
+    assert_eq!(v["content"][0]["text"], expected);
+
+    // The engine finished the request: nothing left running.
+    h.wait_metrics("no running requests", |m| {
+        m.val("vllm:num_requests_running") == 0
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn anthropic_non_streaming_usage() {
+    let h = start(Opts::default());
+    let body = json!({
+        "model": MODEL, "max_tokens": 5, "system": [{"type": "text", "text": "be nice", "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "A long enough prompt to fill a couple of KV blocks, at least.", "cache_control": {"type": "ephemeral"}}]}],
+        "metadata": {"user_id": "u1"}, "temperature": 0.5, "top_p": 0.9, "top_k": 5,
+    });
+    let (_, t, _) = h
+        .post("/tokenize", json!({"messages": [{"role": "system", "content": "be nice"}, {"role": "user", "content": "A long enough prompt to fill a couple of KV blocks, at least."}]}))
+        .await;
+    let n = t["count"].as_u64().unwrap();
+    let mut reads = Vec::new();
+    for _ in 0..2 {
+        let (s, v, resp) = h.post("/v1/messages", body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["type"], "message");
+        assert_eq!(v["role"], "assistant");
+        assert!(v["id"].as_str().unwrap().starts_with("msg_"));
+        assert_eq!(resp.headers()["x-request-id"], v["id"].as_str().unwrap());
+        assert_eq!(v["content"][0]["type"], "text");
+        assert!(["end_turn", "max_tokens"].contains(&v["stop_reason"].as_str().unwrap()));
+        let u = &v["usage"];
+        let (i, r, c) = (
+            u["input_tokens"].as_u64().unwrap(),
+            u["cache_read_input_tokens"].as_u64().unwrap(),
+            u["cache_creation_input_tokens"].as_u64().unwrap(),
+        );
+        assert_eq!(i + r + c, n, "{u}");
+        assert_eq!(
+            r,
+            v["metrics"]["prefix_cache"]["cached_tokens"]
+                .as_u64()
+                .unwrap()
+        );
+        assert_eq!(
+            c,
+            v["metrics"]["prefix_cache"]["cache_creation_tokens"]
+                .as_u64()
+                .unwrap()
+        );
+        reads.push(r);
+    }
+    assert_eq!(reads[0], 0);
+    assert_eq!(reads[1] as usize, (n as usize - 1) / BLOCK * BLOCK);
+}
+
+#[tokio::test]
+async fn anthropic_streaming_event_sequence() {
+    let h = start(Opts::default());
+    let body = json!({"model": MODEL, "max_tokens": 6, "stream": true, "messages": [{"role": "user", "content": "stream it"}]});
+    let (s, events, resp) = h.stream("/v1/messages", body).await;
+    assert_eq!(s, StatusCode::OK);
+    let names: Vec<&str> = events.iter().map(|(e, _)| e.as_deref().unwrap()).collect();
+    assert_eq!(names[..3], ["message_start", "content_block_start", "ping"]);
+    assert_eq!(
+        names[names.len() - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
+    assert!(names[3..names.len() - 3]
+        .iter()
+        .all(|n| *n == "content_block_delta"));
+    for (e, d) in &events {
+        let v: Value = serde_json::from_str(d).unwrap();
+        assert_eq!(v["type"], e.as_deref().unwrap());
+    }
+    let start: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(
+        resp.headers()["x-request-id"],
+        start["message"]["id"].as_str().unwrap()
+    );
+    let su = &start["message"]["usage"];
+    let delta: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+    let du = &delta["usage"];
+    assert_eq!(su["input_tokens"], du["input_tokens"]);
+    assert_eq!(su["cache_read_input_tokens"], du["cache_read_input_tokens"]);
+    assert_eq!(
+        su["cache_creation_input_tokens"],
+        du["cache_creation_input_tokens"]
+    );
+    assert!(du["output_tokens"].as_u64().unwrap() >= 1);
+    assert!(delta["delta"]["stop_reason"].is_string());
+    assert!(delta["metrics"]["prefix_cache"].is_object());
+    let text: String = events
+        .iter()
+        .filter(|(e, _)| e.as_deref() == Some("content_block_delta"))
+        .map(|(_, d)| {
+            serde_json::from_str::<Value>(d).unwrap()["delta"]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let _ = text;
+}
+
+#[tokio::test]
+async fn per_request_metrics_absent_without_flag() {
+    let h = start(Opts {
+        per_request_metrics: false,
+        ..Opts::default()
+    });
+    let (_, v, _) = h
+        .post("/v1/chat/completions", chat_body("no metrics", 2))
+        .await;
+    assert!(v.get("metrics").is_none(), "{v}");
+    assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let mut b = chat_body("no metrics", 2);
+    b["stream"] = json!(true);
+    b["stream_options"] = json!({"include_usage": true});
+    let (_, events, _) = h.stream("/v1/chat/completions", b).await;
+    assert!(events.iter().all(|(_, d)| !d.contains("\"metrics\"")));
+    let (_, v, _) = h
+        .post(
+            "/v1/messages",
+            json!({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+    assert!(v.get("metrics").is_none());
+    let (_, v, _) = h
+        .post("/v1/completions", json!({"prompt": "x", "max_tokens": 2}))
+        .await;
+    assert!(v.get("metrics").is_none());
+}
+
+#[tokio::test]
+async fn openai_error_paths() {
+    let h = start(Opts {
+        max_model_len: 128,
+        ..Opts::default()
+    });
+    let cases: Vec<(Value, StatusCode, Option<&str>)> = vec![
+        (json!({"messages": "nope"}), StatusCode::BAD_REQUEST, None),
+        (
+            json!({"model": MODEL}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            json!({"messages": []}),
+            StatusCode::BAD_REQUEST,
+            Some("messages"),
+        ),
+        (
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::NOT_FOUND,
+            Some("model"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x".repeat(400)}]}),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
+            StatusCode::BAD_REQUEST,
+            Some("max_tokens"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}),
+            StatusCode::BAD_REQUEST,
+            Some("max_completion_tokens"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": -1}),
+            StatusCode::BAD_REQUEST,
+            Some("temperature"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "top_p": 0}),
+            StatusCode::BAD_REQUEST,
+            Some("top_p"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "top_k": -5}),
+            StatusCode::BAD_REQUEST,
+            Some("top_k"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "min_p": 2}),
+            StatusCode::BAD_REQUEST,
+            Some("min_p"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 9}),
+            StatusCode::BAD_REQUEST,
+            Some("presence_penalty"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "repetition_penalty": 0}),
+            StatusCode::BAD_REQUEST,
+            Some("repetition_penalty"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
+            StatusCode::BAD_REQUEST,
+            Some("n"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "cache_salt": ""}),
+            StatusCode::BAD_REQUEST,
+            Some("cache_salt"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": -3}),
+            StatusCode::BAD_REQUEST,
+            None,
+        ),
+    ];
+    for (body, status, param) in cases {
+        let (s, v, _) = h.post("/v1/chat/completions", body.clone()).await;
+        assert_eq!(s, status, "{body} -> {v}");
+        assert_openai_error(&v);
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{body} -> {v}");
+        }
+        if status == StatusCode::NOT_FOUND {
+            assert_eq!(v["error"]["code"], "model_not_found");
+        }
+    }
+    let (s, v) = h.post_raw("/v1/chat/completions", "{\"messages\": [").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_openai_error(&v);
+    let (s, v) = h.post_raw("/v1/completions", "not json").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_openai_error(&v);
+    let (s, v) = h.post_raw("/v1/completions", "[1]").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_openai_error(&v);
+    // A valid cache_salt is accepted.
+    let (s, _, _) = h.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1, "cache_salt": "tenant-a", "user": "u", "priority": 1, "seed": 7})).await;
+    assert_eq!(s, StatusCode::OK);
+    // Unknown route: JSON 404.
+    let (s, v, _) = h.post("/v1/nope", json!({})).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_openai_error(&v);
+}
+
+#[tokio::test]
+async fn anthropic_error_paths() {
+    let h = start(Opts {
+        max_model_len: 128,
+        ..Opts::default()
+    });
+    let cases: Vec<(Value, StatusCode, &str)> = vec![
+        (
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": []}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": [{"role": "robot", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": [{"role": "user", "content": 5}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 0, "messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 4, "temperature": -1, "messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"max_tokens": 4, "messages": [{"role": "user", "content": "x".repeat(300)}]}),
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+        ),
+        (
+            json!({"model": "claude-x", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}),
+            StatusCode::NOT_FOUND,
+            "not_found_error",
+        ),
+    ];
+    for (body, status, ty) in cases {
+        let (s, v, _) = h.post("/v1/messages", body.clone()).await;
+        assert_eq!(s, status, "{body} -> {v}");
+        assert_anthropic_error(&v, ty);
+    }
+    let (s, v) = h.post_raw("/v1/messages", "{oops").await;
+    assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_anthropic_error(&v, "invalid_request_error");
+}
+
+#[tokio::test]
+async fn body_limit_is_413() {
+    let h = start(Opts {
+        max_body_bytes: 1024,
+        ..Opts::default()
+    });
+    let big = json!({"messages": [{"role": "user", "content": "y".repeat(4096)}]});
+    let (s, v, _) = h.post("/v1/chat/completions", big.clone()).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_openai_error(&v);
+    let (s, v, _) = h.post("/v1/messages", big).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_anthropic_error(&v, "request_too_large");
+}
+
+#[tokio::test]
+async fn api_key_auth() {
+    let h = start(Opts {
+        api_key: Some("sekret".into()),
+        ..Opts::default()
+    });
+    let (s, v, resp) = h.post("/v1/chat/completions", chat_body("x", 1)).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_openai_error(&v);
+    assert!(resp.headers().contains_key("www-authenticate"));
+    let (s, v, _) = h
+        .post_with(
+            "/v1/chat/completions",
+            chat_body("x", 1),
+            &[("authorization", "Bearer wrong")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED, "{v}");
+    let (s, _, _) = h
+        .post_with(
+            "/v1/chat/completions",
+            chat_body("x", 1),
+            &[("authorization", "Bearer sekret")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let msg = json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]});
+    let (s, v, _) = h.post("/v1/messages", msg.clone()).await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_anthropic_error(&v, "authentication_error");
+    let (s, _, _) = h
+        .post_with("/v1/messages", msg, &[("x-api-key", "sekret")])
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let resp = h
+        .send(Request::get("/v1/models").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(h.get("/health").await.0, StatusCode::OK);
+    assert_eq!(h.get("/metrics").await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn request_id_header_is_honoured_and_unique() {
+    let h = start(Opts {
+        step_ms: 5,
+        ..Opts::default()
+    });
+    let (s, v, resp) = h
+        .post_with(
+            "/v1/chat/completions",
+            chat_body("x", 2),
+            &[("x-request-id", "my-req-1")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["id"], "my-req-1");
+    assert_eq!(resp.headers()["x-request-id"], "my-req-1");
+
+    // A live request holds the id: a second one with the same header gets a fresh id.
+    let mut body = chat_body("long one", 200);
+    body["stream"] = json!(true);
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .header("x-request-id", "dup-id")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let live = h.send(req).await;
+    assert_eq!(live.headers()["x-request-id"], "dup-id");
+    let mut live_body = live.into_body();
+    let _ = live_body.frame().await;
+    let (s, v, resp) = h
+        .post_with(
+            "/v1/chat/completions",
+            chat_body("x", 2),
+            &[("x-request-id", "dup-id")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_ne!(v["id"], "dup-id");
+    assert_eq!(resp.headers()["x-request-id"], v["id"].as_str().unwrap());
+    drop(live_body);
+
+    // Errors echo the caller's id too.
+    let (_, _, resp) = h
+        .post_with(
+            "/v1/chat/completions",
+            json!({}),
+            &[("x-request-id", "bad-1")],
+        )
+        .await;
+    assert_eq!(resp.headers()["x-request-id"], "bad-1");
+}
+
+#[tokio::test]
+async fn client_disconnect_aborts_the_request() {
+    let h = start(Opts {
+        step_ms: 5,
+        ..Opts::default()
+    });
+    let mut body = chat_body("a request the client abandons", 500);
+    body["max_tokens"] = json!(400);
+    body["stream"] = json!(true);
+    let req = Request::post("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = h.send(req).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut b = resp.into_body();
+    let mut seen = 0;
+    while seen < 3 {
+        let f = b.frame().await.expect("stream open").unwrap();
+        if f.is_data() {
+            seen += 1;
+        }
+    }
+    h.wait_metrics("a running request", |m| {
+        m.val("vllm:num_requests_running") == 1
+    })
+    .await;
+    drop(b);
+    let m = h
+        .wait_metrics("the abort", |m| {
+            m.get(
+                "vllm:request_success_total",
+                &[("finished_reason", "abort")],
+            ) == 1.0
+                && m.val("vllm:num_requests_running") == 0
+                && m.get("vllm:kv_cache_usage_perc", &[]) == 0.0
+        })
+        .await;
+    assert_eq!(
+        m.get("vllm:request_success_total", &[("finished_reason", "stop")]),
+        0.0
+    );
+    assert_eq!(
+        m.get(
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        ),
+        0.0
+    );
+    assert!(m.val("vllm:prefix_cache_queries_total") > 0);
+    assert_eq!(m.val("vllm:num_requests_waiting"), 0);
+}
+
+#[tokio::test]
+async fn full_queue_is_503_with_retry_after() {
+    let h = start(Opts {
+        step_ms: 20,
+        max_waiting_requests: 1,
+        max_num_seqs: 1,
+        ..Opts::default()
+    });
+    let mut body = chat_body("occupy", 300);
+    body["stream"] = json!(true);
+    let mut held = Vec::new();
+    let mut saw_503 = false;
+    for _ in 0..6 {
+        let req = Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let resp = h.send(req).await;
+        if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(resp.headers()["retry-after"], "1");
+            let v: Value =
+                serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes())
+                    .unwrap();
+            assert_openai_error(&v);
+            saw_503 = true;
+            break;
+        }
+        held.push(resp.into_body());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(saw_503, "the queue never filled up");
+    drop(held);
+    h.wait_metrics("all aborted", |m| {
+        m.val("vllm:num_requests_running") == 0 && m.val("vllm:num_requests_waiting") == 0
+    })
+    .await;
+}
