@@ -527,8 +527,32 @@ impl StatLogger for PrometheusLogger {
     }
 }
 
-/// Logs a vLLM-style line every `interval`: throughput, running/waiting, KV usage and the prefix
-/// cache hit rate, all read back from the registry (the engine's numbers). Runs until aborted.
+/// The periodic stats line, vLLM's format: throughput over the interval `dt` seconds between
+/// two snapshots, the current queue and KV gauges, and the cumulative prefix cache hit rate.
+/// Returns whether the engine did anything in the interval.
+pub fn format_log_line(prev: &MetricsSnapshot, cur: &MetricsSnapshot, dt: f64) -> (bool, String) {
+    let dt = dt.max(1e-9);
+    let prompt_tp = cur.prompt_tokens.saturating_sub(prev.prompt_tokens) as f64 / dt;
+    let gen_tp = cur.generation_tokens.saturating_sub(prev.generation_tokens) as f64 / dt;
+    let hit_rate = if cur.prefix_cache_queries == 0 {
+        0.0
+    } else {
+        cur.prefix_cache_hits as f64 / cur.prefix_cache_queries as f64
+    };
+    let active = prompt_tp > 0.0 || gen_tp > 0.0 || cur.num_requests_running > 0;
+    let line = format!(
+        "Engine 000: Avg prompt throughput: {prompt_tp:.1} tokens/s, Avg generation throughput: \
+         {gen_tp:.1} tokens/s, Running: {} reqs, Waiting: {} reqs, KV cache usage: {:.1}%, \
+         Prefix cache hit rate: {:.1}%",
+        cur.num_requests_running,
+        cur.num_requests_waiting,
+        cur.kv_cache_usage_perc * 100.0,
+        hit_rate * 100.0,
+    );
+    (active, line)
+}
+
+/// Logs [`format_log_line`] every `interval` (at debug level while idle). Runs until aborted.
 pub async fn log_stats_loop(metrics: MetricsHandle, interval: Duration) {
     let mut last = metrics.snapshot();
     let mut last_time = tokio::time::Instant::now();
@@ -539,34 +563,11 @@ pub async fn log_stats_loop(metrics: MetricsHandle, interval: Duration) {
         ticker.tick().await;
         let now = tokio::time::Instant::now();
         let snap = metrics.snapshot();
-        let dt = now.duration_since(last_time).as_secs_f64().max(1e-9);
-        let prompt_tp = snap.prompt_tokens.saturating_sub(last.prompt_tokens) as f64 / dt;
-        let gen_tp = snap
-            .generation_tokens
-            .saturating_sub(last.generation_tokens) as f64
-            / dt;
-        let hit_rate = if snap.prefix_cache_queries == 0 {
-            0.0
-        } else {
-            snap.prefix_cache_hits as f64 / snap.prefix_cache_queries as f64
-        };
-        let active = prompt_tp > 0.0 || gen_tp > 0.0 || snap.num_requests_running > 0;
+        let (active, line) = format_log_line(&last, &snap, now.duration_since(last_time).as_secs_f64());
         if active || last_active {
-            tracing::info!(
-                "Engine 000: Avg prompt throughput: {prompt_tp:.1} tokens/s, Avg generation throughput: \
-                 {gen_tp:.1} tokens/s, Running: {} reqs, Waiting: {} reqs, KV cache usage: {:.1}%, \
-                 Prefix cache hit rate: {:.1}%",
-                snap.num_requests_running,
-                snap.num_requests_waiting,
-                snap.kv_cache_usage_perc * 100.0,
-                hit_rate * 100.0,
-            );
+            tracing::info!("{line}");
         } else {
-            tracing::debug!(
-                "Engine 000: idle, Running: 0 reqs, Waiting: {} reqs, Prefix cache hit rate: {:.1}%",
-                snap.num_requests_waiting,
-                hit_rate * 100.0
-            );
+            tracing::debug!("{line}");
         }
         last_active = active;
         last = snap;
@@ -577,6 +578,31 @@ pub async fn log_stats_loop(metrics: MetricsHandle, interval: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_line_like_vllm() {
+        let prev = MetricsSnapshot { prompt_tokens: 100, generation_tokens: 10, ..Default::default() };
+        let cur = MetricsSnapshot {
+            prompt_tokens: 300,
+            generation_tokens: 60,
+            num_requests_running: 2,
+            num_requests_waiting: 1,
+            kv_cache_usage_perc: 0.25,
+            prefix_cache_queries: 200,
+            prefix_cache_hits: 50,
+            ..Default::default()
+        };
+        let (active, line) = format_log_line(&prev, &cur, 10.0);
+        assert!(active);
+        assert_eq!(
+            line,
+            "Engine 000: Avg prompt throughput: 20.0 tokens/s, Avg generation throughput: 5.0 \
+             tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit \
+             rate: 25.0%"
+        );
+        let idle = MetricsSnapshot { num_requests_running: 0, ..cur.clone() };
+        assert!(!format_log_line(&idle, &idle, 1.0).0);
+    }
 
     #[test]
     fn buckets_like_vllm() {
