@@ -1,1 +1,176 @@
-fn main() {}
+//! Kernel benchmarks for the default model's shapes (SmolLM2-135M: hidden 576, ffn 1536,
+//! 9/3 heads, head_dim 64, 30 layers, vocab 49152).
+//!
+//! `cargo bench -p cachet-kernels --bench kernels`; filter e.g. `-- decode`.
+//! `CACHET_ISA=avx2|scalar` caps the ISA; `CACHET_BENCH_THREADS` sets the pool size (default 2).
+
+use std::time::Duration;
+
+use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+use cachet_kernels::{QMatrix, ThreadPool, WeightType};
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use half::f16;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const HIDDEN: usize = 576;
+const FFN: usize = 1536;
+const KV: usize = 192;
+const LAYERS: usize = 30;
+const VOCAB: usize = 49152;
+
+/// Random but well-formed ggml bytes (small f16 scales, random codes).
+fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut StdRng) -> QMatrix {
+    let n_blocks = rows * cols / ty.block_len();
+    let bb = ty.block_bytes();
+    let mut bytes = vec![0u8; n_blocks * bb];
+    rng.fill(&mut bytes[..]);
+    let h = |v: f32| f16::from_f32(v).to_bits().to_le_bytes();
+    for blk in bytes.chunks_mut(bb) {
+        match ty {
+            WeightType::Q4_0 | WeightType::Q8_0 => blk[..2].copy_from_slice(&h(0.01)),
+            WeightType::Q4_1 => {
+                blk[..2].copy_from_slice(&h(0.01));
+                blk[2..4].copy_from_slice(&h(-0.08));
+            }
+            WeightType::Q4K => {
+                blk[..2].copy_from_slice(&h(0.001));
+                blk[2..4].copy_from_slice(&h(0.001));
+            }
+            WeightType::Q6K => blk[208..].copy_from_slice(&h(0.001)),
+            WeightType::F16 => blk.copy_from_slice(&h(rng.gen_range(-0.1..0.1))),
+            WeightType::F32 => blk.copy_from_slice(&rng.gen_range(-0.1f32..0.1).to_le_bytes()),
+        }
+    }
+    QMatrix::from_gguf_bytes(ty, rows, cols, &bytes).expect("valid matrix")
+}
+
+fn pool() -> ThreadPool {
+    let n = std::env::var("CACHET_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    ThreadPool::new(n)
+}
+
+/// Per-shape matmul throughput for each type at m = 1, 16, 512.
+fn bench_matmul(c: &mut Criterion) {
+    let pool = pool();
+    let mut rng = StdRng::seed_from_u64(1);
+    let mut g = c.benchmark_group("matmul");
+    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(10);
+    let types = [WeightType::Q4_1, WeightType::Q4_0, WeightType::Q8_0, WeightType::Q4K, WeightType::Q6K];
+    for ty in types {
+        for (name, rows, cols) in [("qo", HIDDEN, HIDDEN), ("up", FFN, HIDDEN), ("down", HIDDEN, FFN)] {
+            let cols = if ty.block_len() == 256 && cols == HIDDEN { 512 } else { cols };
+            let mat = random_matrix(ty, rows, cols, &mut rng);
+            for m in [1usize, 16, 512] {
+                let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
+                let mut y = vec![0f32; m * rows];
+                g.throughput(Throughput::Elements((2 * m * rows * cols) as u64));
+                g.bench_function(BenchmarkId::new(format!("{ty:?}/{name}_{rows}x{cols}"), m), |b| {
+                    b.iter(|| mat.matmul(&pool, &x, m, &mut y))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+struct Model {
+    layers: Vec<[QMatrix; 7]>,
+    lm_head: QMatrix,
+}
+
+fn model(rng: &mut StdRng) -> Model {
+    let ty = WeightType::Q4_1;
+    let layers = (0..LAYERS)
+        .map(|_| {
+            [
+                random_matrix(ty, HIDDEN, HIDDEN, rng),
+                random_matrix(ty, KV, HIDDEN, rng),
+                random_matrix(ty, KV, HIDDEN, rng),
+                random_matrix(ty, HIDDEN, HIDDEN, rng),
+                random_matrix(ty, FFN, HIDDEN, rng),
+                random_matrix(ty, FFN, HIDDEN, rng),
+                random_matrix(ty, HIDDEN, FFN, rng),
+            ]
+        })
+        .collect();
+    Model { layers, lm_head: random_matrix(WeightType::Q8_0, VOCAB, HIDDEN, rng) }
+}
+
+fn run_model(model: &Model, pool: &ThreadPool, m: usize, x: &[f32], xf: &[f32], y: &mut [f32], with_head: bool) {
+    for l in &model.layers {
+        for w in l {
+            let inp = if w.cols() == FFN { xf } else { x };
+            w.matmul(pool, inp, m, y);
+        }
+    }
+    if with_head {
+        model.lm_head.matmul(pool, &x[..HIDDEN], 1, y);
+    }
+}
+
+/// Whole-model matmul set: decode (m=1, with lm_head) and 512-token prefill (lm_head on
+/// the last token only). One iteration = one token (decode) or one 512-token chunk.
+fn bench_model(c: &mut Criterion) {
+    let pool = pool();
+    let mut rng = StdRng::seed_from_u64(2);
+    let model = model(&mut rng);
+    let bytes: usize =
+        model.layers.iter().flat_map(|l| l.iter()).map(|w| w.storage_bytes()).sum::<usize>() + model.lm_head.storage_bytes();
+    let mut g = c.benchmark_group("model");
+    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(10);
+    for m in [1usize, 16, 512] {
+        let x: Vec<f32> = (0..m * HIDDEN).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let xf: Vec<f32> = (0..m * FFN).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut y = vec![0f32; (m * FFN).max(VOCAB)];
+        if m == 1 {
+            g.throughput(Throughput::Bytes(bytes as u64));
+        } else {
+            g.throughput(Throughput::Elements(m as u64));
+        }
+        g.bench_function(BenchmarkId::new("all_matmuls_q4_1", m), |b| {
+            b.iter(|| run_model(&model, &pool, m, &x, &xf, &mut y, true))
+        });
+    }
+    g.finish();
+}
+
+/// Batch-1 decode attention of one layer at several depths (9 heads, 3 kv heads, hd 64).
+fn bench_attention(c: &mut Criterion) {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
+    let mut g = c.benchmark_group("attention");
+    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    for depth in [0usize, 512, 1000] {
+        let ctx = depth + 1;
+        let nblk = ctx.div_ceil(bs);
+        let mut table: Vec<u32> = (0..nblk as u32).map(|i| (i * 7) % nblk as u32).collect();
+        if nblk > 1 {
+            table.swap(0, nblk - 1);
+        }
+        let n = nblk * bs * nkv * hd;
+        let kf: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let vf: Vec<f32> = (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let kh: Vec<f16> = kf.iter().map(|&v| f16::from_f32(v)).collect();
+        let vh: Vec<f16> = vf.iter().map(|&v| f16::from_f32(v)).collect();
+        let q: Vec<f32> = (0..nh * hd).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        let mut out = vec![0f32; nh * hd];
+        let args = PagedAttnArgs {
+            block_table: &table,
+            block_size: bs,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            start_pos: depth,
+            n_tokens: 1,
+            scale: 0.125,
+        };
+        g.throughput(Throughput::Elements(ctx as u64));
+        g.bench_function(BenchmarkId::new("f32", depth), |b| b.iter(|| paged_attention(&args, &q, &kf, &vf, &mut out)));
+        g.bench_function(BenchmarkId::new("f16", depth), |b| b.iter(|| paged_attention(&args, &q, &kh, &vh, &mut out)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench_model, bench_matmul, bench_attention);
+criterion_main!(benches);

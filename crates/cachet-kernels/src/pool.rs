@@ -7,49 +7,68 @@
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// Number of spin iterations before a waiting thread goes to sleep.
-const SPIN_ITERS: u32 = 1 << 14;
+/// Spin iterations of an idle worker before it sleeps on the condition variable.
+const SPIN_ITERS: u32 = 1 << 15;
 
 type Job = *const (dyn Fn(usize) + Sync);
 
+/// Synchronisation design: `ticket` packs `(epoch << 32) | next_task_index`. A worker may
+/// only run a task (and only then read `job`) after claiming an index with a CAS on the
+/// ticket of the current epoch; the publisher does not return before `done == n_tasks`.
+/// So a late worker never touches a finished job, and the publisher never waits for a
+/// worker that is not running (it simply does all tasks itself).
 struct Shared {
-    /// Bumped (under `lock`) each time a job is published.
-    epoch: AtomicUsize,
-    /// The current job; written only by the publisher while no worker can read it.
-    job: UnsafeCell<Option<Job>>,
-    next_task: AtomicUsize,
+    ticket: AtomicU64,
     n_tasks: AtomicUsize,
-    /// Workers that have not yet finished the current job.
-    pending: AtomicUsize,
+    done: AtomicUsize,
+    job: UnsafeCell<Option<Job>>,
     panicked: AtomicBool,
     shutdown: AtomicBool,
+    sleepers: AtomicUsize,
     lock: Mutex<()>,
     wake: Condvar,
-    done_lock: Mutex<()>,
-    done: Condvar,
 }
 
-// SAFETY: `job` is only written by the thread holding `ThreadPool::call_lock` while no worker
-// is running a job (all workers have decremented `pending` for the previous epoch), and only
-// read by workers after observing the new epoch with Acquire ordering. The pointee is `Sync`.
+// SAFETY: `job` is written only by the publisher (holding `call_lock`) while no task of any
+// epoch is claimed or running (all previous tasks are done and the new epoch is not yet
+// published), and read only by a thread that claimed a task of the current epoch, which
+// the publisher keeps alive until `done == n_tasks`. The pointee is `Sync`.
 unsafe impl Sync for Shared {}
-// SAFETY: see above; the raw job pointer is only dereferenced while the publisher keeps the
-// closure alive (it blocks until `pending` reaches zero).
+// SAFETY: see above.
 unsafe impl Send for Shared {}
 
 impl Shared {
-    fn run_tasks(&self, f: &(dyn Fn(usize) + Sync)) {
-        let n = self.n_tasks.load(Ordering::Relaxed);
+    /// Claim and run tasks of `epoch` until none are left. Returns true if any ran.
+    fn work(&self, epoch: u64) -> bool {
+        let mut ran = false;
         loop {
-            let i = self.next_task.fetch_add(1, Ordering::Relaxed);
-            if i >= n {
-                break;
+            let t = self.ticket.load(Ordering::Acquire);
+            if t >> 32 != epoch {
+                return ran;
             }
-            f(i);
+            let n = self.n_tasks.load(Ordering::Acquire);
+            let idx = (t & 0xffff_ffff) as usize;
+            if idx >= n {
+                return ran;
+            }
+            if self.ticket.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+                continue;
+            }
+            // SAFETY: we hold a claimed task of the current epoch, so the publisher is still
+            // waiting and `job` is this epoch's closure.
+            if let Some(job) = unsafe { *self.job.get() } {
+                // SAFETY: as above, the closure outlives this task.
+                let f: &(dyn Fn(usize) + Sync) = unsafe { &*job };
+                if catch_unwind(AssertUnwindSafe(|| f(idx))).is_err() {
+                    self.panicked.store(true, Ordering::Relaxed);
+                }
+            }
+            self.done.fetch_add(1, Ordering::AcqRel);
+            ran = true;
         }
     }
 }
@@ -64,57 +83,39 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool")
-            .field("n_threads", &self.n_threads)
-            .finish()
+        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
     }
 }
 
 fn worker_loop(shared: Arc<Shared>) {
-    let mut seen = 0usize;
+    let mut seen = shared.ticket.load(Ordering::Acquire) >> 32;
+    let mut spins = 0u32;
     loop {
-        // Wait for a new epoch: spin first, then sleep.
-        let mut spins = 0u32;
-        loop {
-            if shared.shutdown.load(Ordering::Acquire) {
-                return;
-            }
-            let e = shared.epoch.load(Ordering::Acquire);
-            if e != seen {
-                seen = e;
-                break;
-            }
-            if spins < SPIN_ITERS {
-                spins += 1;
-                std::hint::spin_loop();
-                continue;
-            }
-            let guard = match shared.lock.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            if shared.epoch.load(Ordering::Acquire) == seen
-                && !shared.shutdown.load(Ordering::Acquire)
-            {
-                drop(shared.wake.wait(guard));
-            }
+        if shared.shutdown.load(Ordering::Acquire) {
+            return;
         }
-        // SAFETY: the publisher wrote `job` before bumping `epoch` (Release), we read it after
-        // observing the bump (Acquire); it stays valid until we decrement `pending`.
-        let job = unsafe { *shared.job.get() };
-        if let Some(job) = job {
-            // SAFETY: the closure outlives this job (the publisher waits for `pending == 0`).
-            let f: &(dyn Fn(usize) + Sync) = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| shared.run_tasks(f))).is_err() {
-                shared.panicked.store(true, Ordering::Relaxed);
-                // Drain remaining tasks so the publisher does not wait on them forever.
-                shared.next_task.store(usize::MAX / 2, Ordering::Relaxed);
-            }
+        let e = shared.ticket.load(Ordering::Acquire) >> 32;
+        if e != seen {
+            seen = e;
+            shared.work(e);
+            spins = 0;
+            continue;
         }
-        if shared.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            let _g = shared.done_lock.lock();
-            shared.done.notify_all();
+        if spins < SPIN_ITERS {
+            spins += 1;
+            std::hint::spin_loop();
+            continue;
         }
+        let guard = match shared.lock.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        shared.sleepers.fetch_add(1, Ordering::SeqCst);
+        if shared.ticket.load(Ordering::SeqCst) >> 32 == seen && !shared.shutdown.load(Ordering::SeqCst) {
+            drop(shared.wake.wait(guard));
+        }
+        shared.sleepers.fetch_sub(1, Ordering::SeqCst);
+        spins = 0;
     }
 }
 
@@ -124,36 +125,27 @@ impl ThreadPool {
     pub fn new(n_threads: usize) -> ThreadPool {
         let n_threads = n_threads.max(1);
         let shared = Arc::new(Shared {
-            epoch: AtomicUsize::new(0),
-            job: UnsafeCell::new(None),
-            next_task: AtomicUsize::new(0),
+            ticket: AtomicU64::new(0),
             n_tasks: AtomicUsize::new(0),
-            pending: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            job: UnsafeCell::new(None),
             panicked: AtomicBool::new(false),
             shutdown: AtomicBool::new(false),
+            sleepers: AtomicUsize::new(0),
             lock: Mutex::new(()),
             wake: Condvar::new(),
-            done_lock: Mutex::new(()),
-            done: Condvar::new(),
         });
         let mut workers = Vec::with_capacity(n_threads - 1);
         for i in 1..n_threads {
             let s = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new()
-                .name(format!("cachet-kernel-{i}"))
-                .spawn(move || worker_loop(s));
+            let spawned = std::thread::Builder::new().name(format!("cachet-kernel-{i}")).spawn(move || worker_loop(s));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(_) => break, // run with fewer threads rather than fail
             }
         }
         let n_threads = workers.len() + 1;
-        ThreadPool {
-            shared,
-            workers,
-            call_lock: Mutex::new(()),
-            n_threads,
-        }
+        ThreadPool { shared, workers, call_lock: Mutex::new(()), n_threads }
     }
 
     /// A pool with one thread per available CPU.
@@ -167,11 +159,12 @@ impl ThreadPool {
     }
 
     /// Run `f(task)` for `task in 0..n_tasks`, spread over the pool's threads, the calling
-    /// thread participating; returns when all are done. Tasks are handed out dynamically.
+    /// thread participating; returns when all are done. Tasks are handed out dynamically,
+    /// so a descheduled worker never delays the call beyond the task it is running.
     ///
     /// If the pool is already busy (a nested call from inside a task, or a concurrent call
     /// from another thread) the tasks run serially on the calling thread instead.
-    /// A panic in a task is re-raised on the calling thread after all workers are idle.
+    /// A panic in a task is re-raised on the calling thread once all tasks have finished.
     pub fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize) + Sync)) {
         if n_tasks == 0 {
             return;
@@ -181,53 +174,38 @@ impl ThreadPool {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        if self.workers.is_empty() || n_tasks == 1 || guard.is_none() {
+        if self.workers.is_empty() || n_tasks == 1 || guard.is_none() || n_tasks > u32::MAX as usize {
             for i in 0..n_tasks {
                 f(i);
             }
             return;
         }
         let sh = &*self.shared;
-        // SAFETY: erase the borrow's lifetime; we do not return before every worker has
-        // finished with the job (`pending == 0`), so the pointer never dangles while used.
+        // SAFETY: erase the borrow's lifetime; tasks can only be claimed until `done`
+        // reaches `n_tasks`, and we do not return before that.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
-        // SAFETY: no worker reads `job` now: all finished the previous epoch (pending == 0).
+        // SAFETY: no task is claimable now (the previous epoch is exhausted and finished).
         unsafe { *sh.job.get() = Some(job) };
-        sh.next_task.store(0, Ordering::Relaxed);
-        sh.n_tasks.store(n_tasks, Ordering::Relaxed);
+        sh.n_tasks.store(n_tasks, Ordering::Release);
+        sh.done.store(0, Ordering::Release);
         sh.panicked.store(false, Ordering::Relaxed);
-        sh.pending.store(self.workers.len(), Ordering::Relaxed);
-        {
+        let epoch = (sh.ticket.load(Ordering::Relaxed) >> 32) + 1;
+        sh.ticket.store(epoch << 32, Ordering::SeqCst);
+        if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = sh.lock.lock();
-            sh.epoch.fetch_add(1, Ordering::Release);
             sh.wake.notify_all();
         }
-        let mine = catch_unwind(AssertUnwindSafe(|| sh.run_tasks(f)));
-        if mine.is_err() {
-            sh.next_task.store(usize::MAX / 2, Ordering::Relaxed);
-        }
-        // Wait for the workers.
+        sh.work(epoch);
         let mut spins = 0u32;
-        while sh.pending.load(Ordering::Acquire) != 0 {
-            if spins < SPIN_ITERS * 4 {
-                spins += 1;
+        while sh.done.load(Ordering::Acquire) < n_tasks {
+            spins += 1;
+            if spins < 1 << 12 {
                 std::hint::spin_loop();
-                continue;
-            }
-            let g = match sh.done_lock.lock() {
-                Ok(g) => g,
-                Err(p) => p.into_inner(),
-            };
-            if sh.pending.load(Ordering::Acquire) != 0 {
-                let _ = sh.done.wait_timeout(g, std::time::Duration::from_millis(1));
+            } else {
+                std::thread::yield_now();
             }
         }
-        // SAFETY: all workers are done with the job; clear the dangling-to-be pointer.
-        unsafe { *sh.job.get() = None };
         drop(guard);
-        if let Err(p) = mine {
-            std::panic::resume_unwind(p);
-        }
         if sh.panicked.load(Ordering::Relaxed) {
             panic!("a ThreadPool task panicked");
         }
@@ -238,7 +216,7 @@ impl Drop for ThreadPool {
     fn drop(&mut self) {
         {
             let _g = self.shared.lock.lock();
-            self.shared.shutdown.store(true, Ordering::Release);
+            self.shared.shutdown.store(true, Ordering::SeqCst);
             self.shared.wake.notify_all();
         }
         for h in self.workers.drain(..) {

@@ -1,0 +1,68 @@
+//! Quick timing of single matmul shapes: `cargo run --release -p cachet-kernels --example perf`.
+use std::time::Instant;
+
+use cachet_kernels::{QMatrix, ThreadPool, WeightType};
+use half::f16;
+
+fn mat(ty: WeightType, rows: usize, cols: usize) -> QMatrix {
+    let bb = ty.block_bytes();
+    let n = rows * cols / ty.block_len();
+    let mut bytes: Vec<u8> = (0..n * bb).map(|i| (i * 2654435761usize >> 13) as u8).collect();
+    for blk in bytes.chunks_mut(bb) {
+        match ty {
+            WeightType::Q6K => blk[208..].copy_from_slice(&f16::from_f32(0.001).to_bits().to_le_bytes()),
+            WeightType::F32 | WeightType::F16 => {}
+            _ => {
+                blk[..2].copy_from_slice(&f16::from_f32(0.01).to_bits().to_le_bytes());
+                if matches!(ty, WeightType::Q4_1 | WeightType::Q4K) {
+                    blk[2..4].copy_from_slice(&f16::from_f32(-0.01).to_bits().to_le_bytes());
+                }
+            }
+        }
+    }
+    QMatrix::from_gguf_bytes(ty, rows, cols, &bytes).expect("matrix")
+}
+
+fn main() {
+    let threads: usize = std::env::var("T").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let ms: Vec<usize> = std::env::var("M")
+        .ok()
+        .map(|s| s.split(',').filter_map(|v| v.parse().ok()).collect())
+        .unwrap_or(vec![1, 16, 512]);
+    let shapes = [
+        (WeightType::Q4_1, 576, 576),
+        (WeightType::Q4_1, 192, 576),
+        (WeightType::Q4_1, 1536, 576),
+        (WeightType::Q4_1, 576, 1536),
+        (WeightType::Q8_0, 49152, 576),
+        (WeightType::Q4_0, 1536, 576),
+        (WeightType::Q4K, 1536, 512),
+        (WeightType::Q6K, 1536, 512),
+    ];
+    for (ty, rows, cols) in shapes {
+        let w = mat(ty, rows, cols);
+        for &m in &ms {
+            if m > 16 && rows > 4096 {
+                continue;
+            }
+            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+            let mut y = vec![0f32; m * rows];
+            let flops = 2.0 * (m * rows * cols) as f64;
+            let target = 0.3f64;
+            let mut iters = 0usize;
+            let t0 = Instant::now();
+            while t0.elapsed().as_secs_f64() < target || iters < 3 {
+                w.matmul(&pool, &x, m, &mut y);
+                iters += 1;
+            }
+            let dt = t0.elapsed().as_secs_f64() / iters as f64;
+            println!(
+                "{ty:?} {rows}x{cols} m={m}: {:.1} us  {:.1} GFLOP/s  {:.2} GB/s weights",
+                dt * 1e6,
+                flops / dt / 1e9,
+                w.storage_bytes() as f64 / dt / 1e9
+            );
+        }
+    }
+}
