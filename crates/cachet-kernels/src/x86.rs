@@ -325,16 +325,317 @@ unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
 
 // ------------------------------------------------------------------ attention
 
+use crate::attention::CHUNK;
+use std::any::TypeId;
+
+/// Element kind of the KV arena, resolved by type id (never by trusting a user impl).
+fn kv_kind<T: KvElem>() -> Option<bool> {
+    if TypeId::of::<T>() == TypeId::of::<f32>() {
+        Some(false)
+    } else if TypeId::of::<T>() == TypeId::of::<half::f16>() {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// SIMD attention for (token t, kv group g). Returns false if the shape is not handled
+/// (the caller then runs the portable version).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_group<T: KvElem>(
-    _isa: Isa,
-    _a: &PagedAttnArgs,
-    _q: &[f32],
-    _k: &[T],
-    _v: &[T],
-    _out: &mut [f32],
-    _t: usize,
-    _g: usize,
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+    t: usize,
+    g: usize,
 ) -> bool {
-    false
+    let Some(is_f16) = kv_kind::<T>() else { return false };
+    let hd = a.head_dim;
+    let gs = a.n_heads / a.n_kv_heads;
+    if gs > 64 {
+        return false;
+    }
+    let row = a.n_kv_heads * hd;
+    let ctx = a.start_pos + t + 1;
+    // Row pointers are computed from the block table; bounds were checked by the caller
+    // (check_args: every block id < arena blocks, q/out long enough).
+    let kb = k.as_ptr() as *const u8;
+    let vb = v.as_ptr() as *const u8;
+    let esz = if is_f16 { 2 } else { 4 };
+    let qp = q.as_ptr().wrapping_add((t * a.n_heads + g * gs) * hd);
+    let op = out.as_mut_ptr().wrapping_add((t * a.n_heads + g * gs) * hd);
+    let pos_off = |p: usize| -> usize {
+        ((a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size) * row + g * hd) * esz
+    };
+    let ctxs = AttnCtx { kb, vb, pos_off: &pos_off, ctx, gs, hd, scale: a.scale, qp, op, is_f16 };
+    macro_rules! run {
+        ($f:ident, $n:literal) => {
+            // SAFETY: the ISA level was detected; all row offsets come from a validated block
+            // table and q/out ranges were validated by check_args.
+            unsafe { $f::<$n>(&ctxs) }
+        };
+    }
+    if isa >= Isa::Avx512 {
+        match hd {
+            16 => run!(attn_512, 1),
+            32 => run!(attn_512, 2),
+            48 => run!(attn_512, 3),
+            64 => run!(attn_512, 4),
+            80 => run!(attn_512, 5),
+            96 => run!(attn_512, 6),
+            128 => run!(attn_512, 8),
+            256 => run!(attn_512, 16),
+            _ => return false,
+        }
+    } else {
+        match hd {
+            16 => run!(attn_avx2, 2),
+            32 => run!(attn_avx2, 4),
+            48 => run!(attn_avx2, 6),
+            64 => run!(attn_avx2, 8),
+            80 => run!(attn_avx2, 10),
+            96 => run!(attn_avx2, 12),
+            128 => run!(attn_avx2, 16),
+            _ => return false,
+        }
+    }
+    true
+}
+
+struct AttnCtx<'a> {
+    kb: *const u8,
+    vb: *const u8,
+    pos_off: &'a dyn Fn(usize) -> usize,
+    ctx: usize,
+    gs: usize,
+    hd: usize,
+    scale: f32,
+    qp: *const f32,
+    op: *mut f32,
+    is_f16: bool,
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn ld512(p: *const u8, is_f16: bool) -> __m512 {
+    if is_f16 {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    } else {
+        _mm512_loadu_ps(p as *const f32)
+    }
+}
+
+/// exp(x) for x <= 0 (inputs below -87 flush to ~0). Max rel. error ~2e-7.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn exp512(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm512_set1_ps(1.0 / 720.0);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 120.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 24.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0 / 6.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0));
+    _mm512_scalef_ps(p, n)
+}
+
+/// AVX-512 attention for one (token, kv group): `HV` = head_dim / 16 vectors per row.
+/// Per chunk of positions: scores for every head of the group (K rows come from memory
+/// once, then L1), one online-softmax rescale per chunk, then P·V with the head's
+/// accumulator in registers.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
+    let hd = c.hd;
+    let gs = c.gs;
+    let mut mx = [f32::NEG_INFINITY; 64];
+    let mut lsum = [0f32; 64];
+    let gs = gs.min(64);
+    let mut acc = vec![_mm512_setzero_ps(); gs * HV];
+    let mut kp = [0usize; CHUNK];
+    let mut s = [0f32; CHUNK];
+    let mut c0 = 0;
+    while c0 < c.ctx {
+        let n = (c.ctx - c0).min(CHUNK);
+        for (j, kp) in kp.iter_mut().enumerate().take(n) {
+            *kp = (c.pos_off)(c0 + j);
+        }
+        for h in 0..gs {
+            let qh = c.qp.add(h * hd);
+            let mut qv = [_mm512_setzero_ps(); HV];
+            for (i, qv) in qv.iter_mut().enumerate() {
+                *qv = _mm512_mul_ps(_mm512_loadu_ps(qh.add(16 * i)), _mm512_set1_ps(c.scale));
+            }
+            for j in 0..n {
+                let kr = c.kb.add(kp[j]);
+                let mut d = _mm512_mul_ps(qv[0], ld512(kr, c.is_f16));
+                for (i, qv) in qv.iter().enumerate().skip(1) {
+                    d = _mm512_fmadd_ps(*qv, ld512(kr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16), d);
+                }
+                s[j] = _mm512_reduce_add_ps(d);
+            }
+            // online softmax over the chunk
+            let mut cm = f32::NEG_INFINITY;
+            for &x in &s[..n] {
+                cm = cm.max(x);
+            }
+            let new_m = mx[h].max(cm);
+            let alpha = if mx[h] == f32::NEG_INFINITY { 0.0 } else { (mx[h] - new_m).exp() };
+            mx[h] = new_m;
+            let nm = _mm512_set1_ps(new_m);
+            let mut sum = _mm512_setzero_ps();
+            let mut j = 0;
+            while j < n {
+                let m: __mmask16 = if n - j >= 16 { 0xffff } else { ((1u32 << (n - j)) - 1) as __mmask16 };
+                let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s.as_ptr().add(j)), nm));
+                let e = _mm512_maskz_mov_ps(m, e);
+                sum = _mm512_add_ps(sum, e);
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, e);
+                j += 16;
+            }
+            lsum[h] = lsum[h] * alpha + _mm512_reduce_add_ps(sum);
+            // P·V
+            let mut av = [_mm512_setzero_ps(); HV];
+            let al = _mm512_set1_ps(alpha);
+            for (i, av) in av.iter_mut().enumerate() {
+                *av = _mm512_mul_ps(acc[h * HV + i], al);
+            }
+            for (j, &pj) in s.iter().enumerate().take(n) {
+                let vr = c.vb.add(kp[j]);
+                let p = _mm512_set1_ps(pj);
+                for (i, av) in av.iter_mut().enumerate() {
+                    *av = _mm512_fmadd_ps(p, ld512(vr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16), *av);
+                }
+            }
+            acc[h * HV..(h + 1) * HV].copy_from_slice(&av);
+        }
+        c0 += n;
+    }
+    for h in 0..gs {
+        let inv = _mm512_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
+        for i in 0..HV {
+            _mm512_storeu_ps(c.op.add(h * hd + 16 * i), _mm512_mul_ps(acc[h * HV + i], inv));
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld256(p: *const u8, is_f16: bool) -> __m256 {
+    if is_f16 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    } else {
+        _mm256_loadu_ps(p as *const f32)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hsum256(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    let x = _mm_add_ss(x, _mm_shuffle_ps(x, x, 1));
+    _mm_cvtss_f32(x)
+}
+
+/// exp(x) for x <= 0 with AVX2 (2^n built in the exponent bits).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn exp256(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
+    let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
+    let mut p = _mm256_set1_ps(1.0 / 720.0);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 120.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 24.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0 / 6.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
+    let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    _mm256_mul_ps(p, _mm256_castsi256_ps(e))
+}
+
+/// AVX2 version of [`attn_512`]: `HV` = head_dim / 8.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
+    let hd = c.hd;
+    let gs = c.gs.min(64);
+    let mut mx = [f32::NEG_INFINITY; 64];
+    let mut lsum = [0f32; 64];
+    let mut acc = vec![_mm256_setzero_ps(); gs * HV];
+    let mut kp = [0usize; CHUNK];
+    let mut s = [0f32; CHUNK];
+    let esz = if c.is_f16 { 2 } else { 4 };
+    let mut c0 = 0;
+    while c0 < c.ctx {
+        let n = (c.ctx - c0).min(CHUNK);
+        for (j, kp) in kp.iter_mut().enumerate().take(n) {
+            *kp = (c.pos_off)(c0 + j);
+        }
+        for h in 0..gs {
+            let qh = c.qp.add(h * hd);
+            let mut qv = [_mm256_setzero_ps(); HV];
+            for (i, qv) in qv.iter_mut().enumerate() {
+                *qv = _mm256_mul_ps(_mm256_loadu_ps(qh.add(8 * i)), _mm256_set1_ps(c.scale));
+            }
+            for j in 0..n {
+                let kr = c.kb.add(kp[j]);
+                let mut d = _mm256_mul_ps(qv[0], ld256(kr, c.is_f16));
+                for (i, qv) in qv.iter().enumerate().skip(1) {
+                    d = _mm256_fmadd_ps(*qv, ld256(kr.add(8 * i * esz), c.is_f16), d);
+                }
+                s[j] = hsum256(d);
+            }
+            let mut cm = f32::NEG_INFINITY;
+            for &x in &s[..n] {
+                cm = cm.max(x);
+            }
+            let new_m = mx[h].max(cm);
+            let alpha = if mx[h] == f32::NEG_INFINITY { 0.0 } else { (mx[h] - new_m).exp() };
+            mx[h] = new_m;
+            let nm = _mm256_set1_ps(new_m);
+            let mut sum = 0f32;
+            let mut j = 0;
+            while j + 8 <= n {
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(j)), nm));
+                sum += hsum256(e);
+                _mm256_storeu_ps(s.as_mut_ptr().add(j), e);
+                j += 8;
+            }
+            while j < n {
+                s[j] = (s[j] - new_m).exp();
+                sum += s[j];
+                j += 1;
+            }
+            lsum[h] = lsum[h] * alpha + sum;
+            let mut av = [_mm256_setzero_ps(); HV];
+            let al = _mm256_set1_ps(alpha);
+            for (i, av) in av.iter_mut().enumerate() {
+                *av = _mm256_mul_ps(acc[h * HV + i], al);
+            }
+            for (j, &pj) in s.iter().enumerate().take(n) {
+                let vr = c.vb.add(kp[j]);
+                let p = _mm256_set1_ps(pj);
+                for (i, av) in av.iter_mut().enumerate() {
+                    *av = _mm256_fmadd_ps(p, ld256(vr.add(8 * i * esz), c.is_f16), *av);
+                }
+            }
+            acc[h * HV..(h + 1) * HV].copy_from_slice(&av);
+        }
+        c0 += n;
+    }
+    for h in 0..gs {
+        let inv = _mm256_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
+        for i in 0..HV {
+            _mm256_storeu_ps(c.op.add(h * hd + 8 * i), _mm256_mul_ps(acc[h * HV + i], inv));
+        }
+    }
 }
