@@ -23,6 +23,9 @@ const HEAD_DIM: usize = HIDDEN / HEADS;
 const EPS: f32 = 1e-5;
 const THETA: f32 = 10_000.0;
 const BLOCK: usize = 4;
+/// Weight scale: small enough that int8 activation quantization (as in ggml) is not amplified
+/// chaotically by the random network.
+const W_SCALE: f32 = 0.2;
 
 struct Rng(u64);
 impl Rng {
@@ -74,7 +77,7 @@ fn write_tiny(dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
         let data = if shape.len() == 1 {
             rng.vec(n, 0.2).into_iter().map(|x| 1.0 + x).collect()
         } else {
-            rng.vec(n, 0.5)
+            rng.vec(n, W_SCALE)
         };
         let t = Tensor::from_vec(data, shape.clone(), &dev).expect("tensor");
         let dt = if shape.len() == 1 {
@@ -263,6 +266,10 @@ struct Case {
     tol: f32,
 }
 
+/// Tolerances are relative to the largest reference logit. F32 weights: exact up to float
+/// rounding. Quantized weights: the kernels quantize activations to int8 (like ggml), about 0.3%
+/// per matmul, which compounds to a few percent through 2 random layers; an indexing or
+/// dequantization bug gives errors of order 100%.
 fn case(dtype: GgmlDType, tied: bool, tol: f32) -> Case {
     let path = write_tiny(dtype, tied, 7 + dtype as u64);
     let model = load_model(
@@ -345,6 +352,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
         })
         .expect("exec");
     assert_close(&got[0], &want[18], c.tol, "whole prompt");
+    let whole = got[0].clone();
 
     // (b) chunks of 5, 7, 1, 6 tokens over several calls (each chunk end compared).
     let mut e = exec(c, kv);
@@ -362,6 +370,11 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
             &format!("chunk ending at {}", start + n),
         );
         start += n;
+        if start == p.len() {
+            // Chunked and whole computations agree far more tightly than either does with the
+            // dense reference (activation quantization is per row, independent of the batch).
+            assert_close(&got[0], &whole, 1e-4, "chunked vs whole");
+        }
     }
 
     // (c) a second request whose table starts with the first one's blocks: 12 cached positions
@@ -438,20 +451,20 @@ fn f32_weights_match_dense_reference() {
 
 #[test]
 fn q8_0_tied_weights_match_dense_reference() {
-    let c = case(GgmlDType::Q8_0, true, 2e-2);
+    let c = case(GgmlDType::Q8_0, true, 4e-2);
     run_scenarios(&c, KvDtype::F32);
     run_scenarios(&c, KvDtype::F16);
 }
 
 #[test]
 fn q4_1_weights_match_dense_reference() {
-    let c = case(GgmlDType::Q4_1, false, 3e-2);
+    let c = case(GgmlDType::Q4_1, false, 5e-2);
     run_scenarios(&c, KvDtype::F16);
 }
 
 #[test]
 fn q4_0_and_f16_weights_match_dense_reference() {
-    for (dt, tol) in [(GgmlDType::Q4_0, 3e-2), (GgmlDType::F16, 2e-3)] {
+    for (dt, tol) in [(GgmlDType::Q4_0, 5e-2), (GgmlDType::F16, 2e-3)] {
         let c = case(dt, true, tol);
         run_scenarios(&c, KvDtype::F32);
     }
