@@ -17,14 +17,15 @@ use crate::BlockId;
 
 const NIL: u32 = u32::MAX;
 
+/// Hot per-block state, 16 bytes; the cache key lives apart in `BlockPool::hashes`.
 #[derive(Clone, Debug)]
 struct BlockMeta {
     ref_cnt: u32,
     prev: u32,
     next: u32,
     in_free_queue: bool,
-    /// Set while this block is the cache entry for `hash`.
-    hash: Option<BlockHash>,
+    /// This block is the cache entry for `hashes[block]`.
+    cached: bool,
 }
 
 /// What an allocation did.
@@ -63,6 +64,7 @@ pub struct PoolExhausted {
 #[derive(Clone, Debug)]
 pub struct BlockPool {
     blocks: Vec<BlockMeta>,
+    hashes: Vec<BlockHash>,
     head: u32,
     tail: u32,
     num_free: usize,
@@ -85,11 +87,12 @@ impl BlockPool {
                 prev: if i == 0 { NIL } else { i - 1 },
                 next: if i + 1 == n { NIL } else { i + 1 },
                 in_free_queue: true,
-                hash: None,
+                cached: false,
             })
             .collect();
         BlockPool {
             blocks,
+            hashes: vec![BlockHash([0; 32]); num_blocks],
             head: if n == 0 { NIL } else { 0 },
             tail: if n == 0 { NIL } else { n - 1 },
             num_free: num_blocks,
@@ -132,7 +135,9 @@ impl BlockPool {
 
     /// The cache entry a block holds, if any.
     pub fn block_hash(&self, block: BlockId) -> Option<BlockHash> {
-        self.blocks[block as usize].hash
+        self.blocks[block as usize]
+            .cached
+            .then(|| self.hashes[block as usize])
     }
 
     /// The block that holds `hash` in the prefix cache.
@@ -142,24 +147,47 @@ impl BlockPool {
 
     /// Take `n` blocks from the front of the free queue, each with ref count 1. Blocks that hold
     /// a cache entry lose it (counted in `evicted`). Appends the ids to `out`.
-    pub fn allocate(&mut self, n: usize, out: &mut Vec<BlockId>) -> Result<AllocEffects, PoolExhausted> {
+    pub fn allocate(
+        &mut self,
+        n: usize,
+        out: &mut Vec<BlockId>,
+    ) -> Result<AllocEffects, PoolExhausted> {
         if n > self.num_free {
-            return Err(PoolExhausted { requested: n, free: self.num_free });
+            return Err(PoolExhausted {
+                requested: n,
+                free: self.num_free,
+            });
         }
-        let mut effects = AllocEffects::default();
+        let mut effects = AllocEffects {
+            allocated: n as u64,
+            evicted: 0,
+        };
+        out.reserve(n);
+        let mut id = self.head;
         for _ in 0..n {
-            let id = self.head;
-            self.unlink(id);
             let meta = &mut self.blocks[id as usize];
+            let next = meta.next;
             meta.ref_cnt = 1;
-            if let Some(h) = meta.hash.take() {
+            meta.prev = NIL;
+            meta.next = NIL;
+            meta.in_free_queue = false;
+            if meta.cached {
+                meta.cached = false;
                 self.num_cached_free -= 1;
-                self.cached.remove(&h);
+                self.cached.remove(&self.hashes[id as usize]);
                 effects.evicted += 1;
             }
             out.push(id);
+            id = next;
         }
-        effects.allocated = n as u64;
+        // Detach the taken run from the front of the queue.
+        self.head = id;
+        if id == NIL {
+            self.tail = NIL;
+        } else {
+            self.blocks[id as usize].prev = NIL;
+        }
+        self.num_free -= n;
         if self.observe {
             self.counters.blocks_allocated += effects.allocated;
             self.counters.blocks_evicted += effects.evicted;
@@ -172,7 +200,7 @@ impl BlockPool {
         for &id in blocks {
             if self.blocks[id as usize].ref_cnt == 0 {
                 self.unlink(id);
-                if self.blocks[id as usize].hash.is_some() {
+                if self.blocks[id as usize].cached {
                     self.num_cached_free -= 1;
                 }
             }
@@ -182,7 +210,10 @@ impl BlockPool {
 
     /// Number of `blocks` that are free now (and would leave the free queue if touched).
     pub fn count_free(&self, blocks: &[BlockId]) -> usize {
-        blocks.iter().filter(|&&b| self.blocks[b as usize].ref_cnt == 0).count()
+        blocks
+            .iter()
+            .filter(|&&b| self.blocks[b as usize].ref_cnt == 0)
+            .count()
     }
 
     /// Drop one reference to each block of a block table. Blocks reaching zero go to the back of
@@ -193,7 +224,7 @@ impl BlockPool {
             debug_assert!(meta.ref_cnt > 0, "double free of block {id}");
             meta.ref_cnt -= 1;
             if meta.ref_cnt == 0 {
-                if meta.hash.is_some() {
+                if meta.cached {
                     self.num_cached_free += 1;
                 }
                 self.push_back(id);
@@ -203,13 +234,17 @@ impl BlockPool {
 
     /// Record that `block` became full, and make it the cache entry for `hash` unless another
     /// block already is.
-    pub fn fill_and_cache(&mut self, block: BlockId, hash: Option<BlockHash>) -> Option<CacheOutcome> {
-        let outcome = hash.map(|h| {
-            if self.cached.contains_key(&h) {
-                CacheOutcome::AlreadyCached
-            } else {
-                self.cached.insert(h, block);
-                self.blocks[block as usize].hash = Some(h);
+    pub fn fill_and_cache(
+        &mut self,
+        block: BlockId,
+        hash: Option<BlockHash>,
+    ) -> Option<CacheOutcome> {
+        let outcome = hash.map(|h| match self.cached.entry(h) {
+            std::collections::hash_map::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(block);
+                self.blocks[block as usize].cached = true;
+                self.hashes[block as usize] = h;
                 CacheOutcome::Created
             }
         });
@@ -225,7 +260,7 @@ impl BlockPool {
             return false;
         }
         for meta in &mut self.blocks {
-            meta.hash = None;
+            meta.cached = false;
         }
         self.cached.clear();
         self.num_cached_free = 0;
@@ -247,7 +282,11 @@ impl BlockPool {
     pub fn check_invariants(&self) -> Result<(), String> {
         let queue = self.free_queue();
         if queue.len() != self.num_free {
-            return Err(format!("free queue has {} blocks, num_free is {}", queue.len(), self.num_free));
+            return Err(format!(
+                "free queue has {} blocks, num_free is {}",
+                queue.len(),
+                self.num_free
+            ));
         }
         let mut seen = vec![false; self.blocks.len()];
         let mut prev = NIL;
@@ -258,7 +297,9 @@ impl BlockPool {
             }
             seen[id as usize] = true;
             if meta.ref_cnt != 0 || !meta.in_free_queue || meta.prev != prev {
-                return Err(format!("block {id} in the free queue is inconsistent: {meta:?}"));
+                return Err(format!(
+                    "block {id} in the free queue is inconsistent: {meta:?}"
+                ));
             }
             prev = id;
         }
@@ -268,9 +309,13 @@ impl BlockPool {
         let mut cached_free = 0;
         for (id, meta) in self.blocks.iter().enumerate() {
             if meta.in_free_queue != (meta.ref_cnt == 0) {
-                return Err(format!("block {id}: ref {} but in_free_queue {}", meta.ref_cnt, meta.in_free_queue));
+                return Err(format!(
+                    "block {id}: ref {} but in_free_queue {}",
+                    meta.ref_cnt, meta.in_free_queue
+                ));
             }
-            if let Some(h) = meta.hash {
+            if meta.cached {
+                let h = self.hashes[id];
                 if self.cached.get(&h) != Some(&(id as BlockId)) {
                     return Err(format!("block {id} holds hash {h:?} that maps elsewhere"));
                 }
@@ -280,12 +325,17 @@ impl BlockPool {
             }
         }
         for (h, &id) in &self.cached {
-            if self.blocks[id as usize].hash != Some(*h) {
-                return Err(format!("cache maps {h:?} to block {id}, which holds another hash"));
+            if self.block_hash(id) != Some(*h) {
+                return Err(format!(
+                    "cache maps {h:?} to block {id}, which holds another hash"
+                ));
             }
         }
         if cached_free != self.num_cached_free {
-            return Err(format!("num_cached_free {} but counted {cached_free}", self.num_cached_free));
+            return Err(format!(
+                "num_cached_free {} but counted {cached_free}",
+                self.num_cached_free
+            ));
         }
         Ok(())
     }
@@ -359,7 +409,10 @@ mod tests {
         let mut a = Vec::new();
         p.allocate(3, &mut a).unwrap();
         for (i, &b) in a.iter().enumerate() {
-            assert_eq!(p.fill_and_cache(b, Some(h(i as u8))), Some(CacheOutcome::Created));
+            assert_eq!(
+                p.fill_and_cache(b, Some(h(i as u8))),
+                Some(CacheOutcome::Created)
+            );
         }
         p.free(&a);
         assert_eq!(p.free_queue(), vec![2, 1, 0]);
@@ -372,9 +425,22 @@ mod tests {
         let mut b = Vec::new();
         let eff = p.allocate(1, &mut b).unwrap();
         assert_eq!(b, vec![2]);
-        assert_eq!(eff, AllocEffects { allocated: 1, evicted: 1 });
+        assert_eq!(
+            eff,
+            AllocEffects {
+                allocated: 1,
+                evicted: 1
+            }
+        );
         assert_eq!(p.lookup(&h(2)), None);
-        assert_eq!(p.counters(), PoolCounters { blocks_allocated: 4, blocks_filled: 3, blocks_evicted: 1 });
+        assert_eq!(
+            p.counters(),
+            PoolCounters {
+                blocks_allocated: 4,
+                blocks_filled: 3,
+                blocks_evicted: 1
+            }
+        );
         p.check_invariants().unwrap();
     }
 
@@ -384,7 +450,10 @@ mod tests {
         let mut a = Vec::new();
         p.allocate(2, &mut a).unwrap();
         assert_eq!(p.fill_and_cache(0, Some(h(7))), Some(CacheOutcome::Created));
-        assert_eq!(p.fill_and_cache(1, Some(h(7))), Some(CacheOutcome::AlreadyCached));
+        assert_eq!(
+            p.fill_and_cache(1, Some(h(7))),
+            Some(CacheOutcome::AlreadyCached)
+        );
         assert_eq!(p.lookup(&h(7)), Some(0));
         assert_eq!(p.block_hash(1), None);
         p.free(&a);
@@ -395,7 +464,13 @@ mod tests {
     fn exhaustion_is_an_error_and_changes_nothing() {
         let mut p = BlockPool::new(2, true);
         let mut a = Vec::new();
-        assert_eq!(p.allocate(3, &mut a), Err(PoolExhausted { requested: 3, free: 2 }));
+        assert_eq!(
+            p.allocate(3, &mut a),
+            Err(PoolExhausted {
+                requested: 3,
+                free: 2
+            })
+        );
         assert!(a.is_empty());
         assert_eq!(p.num_free(), 2);
         assert_eq!(p.counters(), PoolCounters::default());

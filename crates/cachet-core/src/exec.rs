@@ -59,7 +59,11 @@ pub struct Sampled {
 
 impl Sampled {
     pub fn token(token: TokenId) -> Self {
-        Sampled { token, logprob: 0.0, top_logprobs: Vec::new() }
+        Sampled {
+            token,
+            logprob: 0.0,
+            top_logprobs: Vec::new(),
+        }
     }
 }
 

@@ -126,20 +126,32 @@ mod tests {
     fn salt_changes_first_block_and_chain_carries_it() {
         let seed = HashSeed::new(&[0; 32], 4, "x").0;
         let plain = ExtraKeys::default();
-        let salted = ExtraKeys { cache_salt: Some("tenant-a".into()), ..Default::default() };
+        let salted = ExtraKeys {
+            cache_salt: Some("tenant-a".into()),
+            ..Default::default()
+        };
         let b0 = hash_block(&seed, &[1, 2, 3, 4], &plain, 0);
         let s0 = hash_block(&seed, &[1, 2, 3, 4], &salted, 0);
         assert_ne!(b0, s0);
         // The salt is only mixed into block 0, but block 1 differs through its parent.
-        assert_ne!(hash_block(&b0, &[5, 6, 7, 8], &plain, 1), hash_block(&s0, &[5, 6, 7, 8], &salted, 1));
+        assert_ne!(
+            hash_block(&b0, &[5, 6, 7, 8], &plain, 1),
+            hash_block(&s0, &[5, 6, 7, 8], &salted, 1)
+        );
         // Same parent, later block: salt not mixed again.
-        assert_eq!(hash_block(&b0, &[5, 6, 7, 8], &plain, 1), hash_block(&b0, &[5, 6, 7, 8], &salted, 1));
+        assert_eq!(
+            hash_block(&b0, &[5, 6, 7, 8], &plain, 1),
+            hash_block(&b0, &[5, 6, 7, 8], &salted, 1)
+        );
     }
 
     #[test]
     fn adapter_changes_every_block() {
         let seed = HashSeed::new(&[0; 32], 4, "x").0;
-        let a = ExtraKeys { adapter: Some("lora-1".into()), ..Default::default() };
+        let a = ExtraKeys {
+            adapter: Some("lora-1".into()),
+            ..Default::default()
+        };
         assert_ne!(
             hash_block(&seed, &[5, 6, 7, 8], &a, 3),
             hash_block(&seed, &[5, 6, 7, 8], &ExtraKeys::default(), 3)

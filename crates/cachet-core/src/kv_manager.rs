@@ -21,7 +21,10 @@ pub struct ReqKv {
 
 impl ReqKv {
     pub fn new(extra: ExtraKeys) -> Self {
-        ReqKv { extra, ..Default::default() }
+        ReqKv {
+            extra,
+            ..Default::default()
+        }
     }
 }
 
@@ -44,9 +47,20 @@ pub struct KvCacheManager {
 }
 
 impl KvCacheManager {
-    pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool, seed: HashSeed, observe: bool) -> Self {
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        enable_caching: bool,
+        seed: HashSeed,
+        observe: bool,
+    ) -> Self {
         assert!(block_size > 0, "block size must be positive");
-        KvCacheManager { pool: BlockPool::new(num_blocks, observe), block_size, caching: enable_caching, seed }
+        KvCacheManager {
+            pool: BlockPool::new(num_blocks, observe),
+            block_size,
+            caching: enable_caching,
+            seed,
+        }
     }
 
     pub fn pool(&self) -> &BlockPool {
@@ -71,8 +85,17 @@ impl KvCacheManager {
         let upto = upto_blocks.min(tokens.len() / b);
         while kv.hashes.len() < upto {
             let i = kv.hashes.len();
-            let parent = if i == 0 { self.seed.0 } else { kv.hashes[i - 1] };
-            kv.hashes.push(hash_block(&parent, &tokens[i * b..(i + 1) * b], &kv.extra, i));
+            let parent = if i == 0 {
+                self.seed.0
+            } else {
+                kv.hashes[i - 1]
+            };
+            kv.hashes.push(hash_block(
+                &parent,
+                &tokens[i * b..(i + 1) * b],
+                &kv.extra,
+                i,
+            ));
         }
     }
 
@@ -95,7 +118,12 @@ impl KvCacheManager {
     }
 
     /// Hashes of full blocks `range` of `tokens` (for an external tier lookup).
-    pub fn block_hashes(&self, kv: &mut ReqKv, tokens: &[TokenId], range: Range<usize>) -> Vec<BlockHash> {
+    pub fn block_hashes(
+        &self,
+        kv: &mut ReqKv,
+        tokens: &[TokenId],
+        range: Range<usize>,
+    ) -> Vec<BlockHash> {
         self.ensure_hashes(kv, tokens, range.end);
         let end = range.end.min(kv.hashes.len());
         kv.hashes[range.start.min(end)..end].to_vec()
@@ -115,7 +143,10 @@ impl KvCacheManager {
         let new_blocks = needed.saturating_sub(have);
         let hits_from_free = self.pool.count_free(hits);
         if new_blocks + hits_from_free > self.pool.num_free() {
-            return Err(PoolExhausted { requested: new_blocks + hits_from_free, free: self.pool.num_free() });
+            return Err(PoolExhausted {
+                requested: new_blocks + hits_from_free,
+                free: self.pool.num_free(),
+            });
         }
         // Touch hits before allocating so the allocation cannot evict them.
         self.pool.touch(hits);
@@ -144,7 +175,11 @@ impl KvCacheManager {
             self.ensure_hashes(kv, tokens, full);
         }
         for i in kv.num_committed..full {
-            let hash = if self.caching { Some(kv.hashes[i]) } else { None };
+            let hash = if self.caching {
+                Some(kv.hashes[i])
+            } else {
+                None
+            };
             effects.filled += 1;
             if self.pool.fill_and_cache(kv.blocks[i], hash) == Some(CacheOutcome::Created) {
                 let lo = (i * b).max(creation_range.start);

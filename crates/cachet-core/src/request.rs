@@ -56,7 +56,10 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     pub fn greedy(max_tokens: u32) -> Self {
-        SamplingParams { max_tokens, ..Default::default() }
+        SamplingParams {
+            max_tokens,
+            ..Default::default()
+        }
     }
 }
 
@@ -81,7 +84,11 @@ pub struct NewRequest {
 }
 
 impl NewRequest {
-    pub fn new(request_id: impl Into<String>, prompt: Vec<TokenId>, sampling: SamplingParams) -> Self {
+    pub fn new(
+        request_id: impl Into<String>,
+        prompt: Vec<TokenId>,
+        sampling: SamplingParams,
+    ) -> Self {
         NewRequest {
             request_id: request_id.into(),
             prompt,

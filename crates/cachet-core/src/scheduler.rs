@@ -71,7 +71,10 @@ pub enum AddRequestError {
     #[error("the prompt is empty")]
     EmptyPrompt,
     #[error("the prompt has {prompt_tokens} tokens; the model's context is {max_model_len} and at least one token must be generated")]
-    PromptTooLong { prompt_tokens: usize, max_model_len: usize },
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
     #[error("max_tokens must be at least 1")]
     ZeroMaxTokens,
     #[error("the request needs {needed} KV blocks but the pool has only {available}")]
@@ -182,7 +185,13 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, seed: HashSeed) -> Self {
-        let kv = KvCacheManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching, seed, cfg.telemetry);
+        let kv = KvCacheManager::new(
+            cfg.num_blocks,
+            cfg.block_size,
+            cfg.enable_prefix_caching,
+            seed,
+            cfg.telemetry,
+        );
         Scheduler {
             cfg,
             kv,
@@ -243,7 +252,12 @@ impl Scheduler {
     pub fn gauges(&self) -> Gauges {
         let pool = self.kv.pool();
         let n = pool.num_blocks().max(1) as f64;
-        let live_tokens: usize = self.running.iter().filter_map(|&s| self.slot(s)).map(|r| r.num_computed).sum();
+        let live_tokens: usize = self
+            .running
+            .iter()
+            .filter_map(|&s| self.slot(s))
+            .map(|r| r.num_computed)
+            .sum();
         Gauges {
             num_requests_running: self.running.len() as u64,
             num_requests_waiting: self.waiting.len() as u64,
@@ -275,7 +289,10 @@ impl Scheduler {
             return Err(AddRequestError::EmptyPrompt);
         }
         if n >= self.cfg.max_model_len {
-            return Err(AddRequestError::PromptTooLong { prompt_tokens: n, max_model_len: self.cfg.max_model_len });
+            return Err(AddRequestError::PromptTooLong {
+                prompt_tokens: n,
+                max_model_len: self.cfg.max_model_len,
+            });
         }
         if req.sampling.max_tokens == 0 {
             return Err(AddRequestError::ZeroMaxTokens);
@@ -283,7 +300,10 @@ impl Scheduler {
         let max_len = (n + req.sampling.max_tokens as usize).min(self.cfg.max_model_len);
         let needed = self.kv.blocks_for(max_len);
         if needed > self.cfg.num_blocks {
-            return Err(AddRequestError::CannotFit { needed, available: self.cfg.num_blocks });
+            return Err(AddRequestError::CannotFit {
+                needed,
+                available: self.cfg.num_blocks,
+            });
         }
         if self.ids.contains_key(req.request_id.as_str()) {
             return Err(AddRequestError::DuplicateId(req.request_id));
@@ -299,7 +319,10 @@ impl Scheduler {
             arrival: req.arrival_time,
             status: Status::Waiting,
             num_computed: 0,
-            kv: ReqKv::new(ExtraKeys { adapter: req.adapter, cache_salt: req.cache_salt }),
+            kv: ReqKv::new(ExtraKeys {
+                adapter: req.adapter,
+                cache_salt: req.cache_salt,
+            }),
             admitted_once: false,
             admit_seq: 0,
             stats: PrefillStats::default(),
@@ -349,8 +372,7 @@ impl Scheduler {
             }
             n = n.min(budget);
             let mut scheduled = false;
-            loop {
-                let Some(r) = self.slots[slot as usize].as_mut() else { break };
+            while let Some(r) = self.slots[slot as usize].as_mut() {
                 match self.kv.allocate_slots(&mut r.kv, &[], r.num_computed, n) {
                     Ok(eff) => {
                         if self.cfg.telemetry && !r.finalized {
@@ -395,7 +417,10 @@ impl Scheduler {
 
         // 2. Waiting requests, only if nothing was preempted this step.
         if out.preempted.is_empty() {
-            while budget > 0 && self.running.len() < self.cfg.max_num_seqs && !self.waiting.is_empty() {
+            while budget > 0
+                && self.running.len() < self.cfg.max_num_seqs
+                && !self.waiting.is_empty()
+            {
                 let widx = self.pick_waiting();
                 let slot = self.waiting[widx];
                 match self.try_admit(slot, budget, threshold, now, &mut out) {
@@ -412,13 +437,24 @@ impl Scheduler {
     }
 
     /// Look up, allocate and record one waiting request. Returns the tokens scheduled.
-    fn try_admit(&mut self, slot: u32, budget: usize, threshold: usize, now: f64, out: &mut SchedulerOutput) -> Option<usize> {
+    fn try_admit(
+        &mut self,
+        slot: u32,
+        budget: usize,
+        threshold: usize,
+        now: f64,
+        out: &mut SchedulerOutput,
+    ) -> Option<usize> {
         let b = self.cfg.block_size;
         let telemetry = self.cfg.telemetry;
         let r = self.slots[slot as usize].as_mut()?;
         let total = r.tokens.len();
         let do_lookup = self.kv.caching_enabled() && !r.skip_read;
-        let hits = if do_lookup { self.kv.find_cached_prefix(&mut r.kv, &r.tokens) } else { Vec::new() };
+        let hits = if do_lookup {
+            self.kv.find_cached_prefix(&mut r.kv, &r.tokens)
+        } else {
+            Vec::new()
+        };
         let local = hits.len() * b;
         // External tier: first admission only, for the blocks after the local hit.
         let mut ext_hashes: Vec<BlockHash> = Vec::new();
@@ -426,7 +462,9 @@ impl Scheduler {
         if do_lookup && !r.admitted_once {
             if let Some(conn) = self.connector.as_mut() {
                 let max_blocks = (total - 1) / b;
-                let hashes = self.kv.block_hashes(&mut r.kv, &r.tokens, hits.len()..max_blocks);
+                let hashes = self
+                    .kv
+                    .block_hashes(&mut r.kv, &r.tokens, hits.len()..max_blocks);
                 ext_queried = hashes.len() * b;
                 let k = conn.lookup(&hashes).min(hashes.len());
                 ext_hashes = hashes[..k].to_vec();
@@ -439,11 +477,18 @@ impl Scheduler {
             n = n.min(threshold);
         }
         n = n.min(budget);
-        let eff = self.kv.allocate_slots(&mut r.kv, &hits, num_computed, n).ok()?;
+        let eff = self
+            .kv
+            .allocate_slots(&mut r.kv, &hits, num_computed, n)
+            .ok()?;
 
         // Admission succeeded: record the lookup exactly once.
         for (j, hash) in ext_hashes.into_iter().enumerate() {
-            out.kv_loads.push(KvLoad { slot, block: r.kv.blocks[hits.len() + j], hash });
+            out.kv_loads.push(KvLoad {
+                slot,
+                block: r.kv.blocks[hits.len() + j],
+                hash,
+            });
         }
         if telemetry {
             if !r.admitted_once {
@@ -490,7 +535,12 @@ impl Scheduler {
                 r.stats.queue_time_ms = ((now - r.arrival) * 1000.0).max(0.0);
             }
         }
-        out.chunks.push(ScheduledChunk { slot, start_pos: num_computed, num_tokens: n, sample: num_computed + n == total });
+        out.chunks.push(ScheduledChunk {
+            slot,
+            start_pos: num_computed,
+            num_tokens: n,
+            sample: num_computed + n == total,
+        });
         Some(n)
     }
 
@@ -514,7 +564,9 @@ impl Scheduler {
                 let mut best = 0;
                 let mut best_key = (i32::MIN, f64::MIN);
                 for (i, &s) in self.running.iter().enumerate() {
-                    let key = self.slot(s).map_or((i32::MIN, f64::MIN), |r| (r.priority, r.arrival));
+                    let key = self
+                        .slot(s)
+                        .map_or((i32::MIN, f64::MIN), |r| (r.priority, r.arrival));
                     if i == 0 || key.0 > best_key.0 || (key.0 == best_key.0 && key.1 > best_key.1) {
                         best = i;
                         best_key = key;
@@ -533,7 +585,9 @@ impl Scheduler {
                 let mut best = 0;
                 let mut best_key = (i32::MAX, f64::MAX);
                 for (i, &s) in self.waiting.iter().enumerate() {
-                    let key = self.slot(s).map_or((i32::MAX, f64::MAX), |r| (r.priority, r.arrival));
+                    let key = self
+                        .slot(s)
+                        .map_or((i32::MAX, f64::MAX), |r| (r.priority, r.arrival));
                     if i == 0 || key.0 < best_key.0 || (key.0 == best_key.0 && key.1 < best_key.1) {
                         best = i;
                         best_key = key;
@@ -546,7 +600,9 @@ impl Scheduler {
 
     fn preempt(&mut self, slot: u32) {
         let telemetry = self.cfg.telemetry;
-        let Some(r) = self.slots[slot as usize].as_mut() else { return };
+        let Some(r) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
         self.kv.free(&mut r.kv);
         r.num_computed = 0;
         r.status = Status::Waiting;
@@ -586,17 +642,34 @@ impl Scheduler {
     /// Apply a step's results: advance computed tokens, commit full blocks, append sampled
     /// tokens, finalize prefill stats at the first token, finish requests.
     /// `results[i]` belongs to `out.chunks[i]`.
-    pub fn update(&mut self, out: &SchedulerOutput, results: &[Option<Sampled>], now: f64) -> Vec<RequestUpdate> {
+    pub fn update(
+        &mut self,
+        out: &SchedulerOutput,
+        results: &[Option<Sampled>],
+        now: f64,
+    ) -> Vec<RequestUpdate> {
         let telemetry = self.cfg.telemetry;
         let mut updates = Vec::new();
-        for (chunk, res) in out.chunks.iter().zip(results.iter().chain(std::iter::repeat(&None))) {
-            let Some(r) = self.slots[chunk.slot as usize].as_mut() else { continue };
+        for (chunk, res) in out
+            .chunks
+            .iter()
+            .zip(results.iter().chain(std::iter::repeat(&None)))
+        {
+            let Some(r) = self.slots[chunk.slot as usize].as_mut() else {
+                continue;
+            };
             if r.status != Status::Running || r.num_computed != chunk.start_pos {
                 continue; // stale plan entry (request gone or re-planned)
             }
             r.num_computed += chunk.num_tokens;
-            let creation = if r.finalized { 0..0 } else { r.creation_floor..r.prompt_len };
-            let eff = self.kv.commit(&mut r.kv, &r.tokens, r.num_computed, creation);
+            let creation = if r.finalized {
+                0..0
+            } else {
+                r.creation_floor..r.prompt_len
+            };
+            let eff = self
+                .kv
+                .commit(&mut r.kv, &r.tokens, r.num_computed, creation);
             if telemetry && !r.finalized {
                 r.stats.prefill_chunks += 1;
                 r.stats.blocks_filled += eff.filled;
@@ -641,9 +714,16 @@ impl Scheduler {
                     updates.push(u);
                 }
                 None => {
-                    let id = self.slots[chunk.slot as usize].as_ref().map(|r| r.id.clone());
+                    let id = self.slots[chunk.slot as usize]
+                        .as_ref()
+                        .map(|r| r.id.clone());
                     if let Some(request_id) = id {
-                        updates.push(RequestUpdate { request_id, token: Some(sampled), finish: None, prefill_stats: first_stats });
+                        updates.push(RequestUpdate {
+                            request_id,
+                            token: Some(sampled),
+                            finish: None,
+                            prefill_stats: first_stats,
+                        });
                     }
                 }
             }
@@ -670,7 +750,12 @@ impl Scheduler {
 
     /// End a live request now (client abort, or a stop string found by the frontend). Its blocks
     /// are freed and its stats delivered. Returns `None` for an unknown id.
-    pub fn finish_request(&mut self, request_id: &str, reason: FinishReason, now: f64) -> Option<RequestUpdate> {
+    pub fn finish_request(
+        &mut self,
+        request_id: &str,
+        reason: FinishReason,
+        now: f64,
+    ) -> Option<RequestUpdate> {
         let slot = *self.ids.get(request_id)?;
         Some(self.finish_slot(slot, reason, now))
     }
@@ -678,7 +763,12 @@ impl Scheduler {
     fn finish_slot(&mut self, slot: u32, reason: FinishReason, now: f64) -> RequestUpdate {
         let telemetry = self.cfg.telemetry;
         let Some(mut r) = self.slots[slot as usize].take() else {
-            return RequestUpdate { request_id: Arc::from(""), token: None, finish: Some(reason), prefill_stats: None };
+            return RequestUpdate {
+                request_id: Arc::from(""),
+                token: None,
+                finish: Some(reason),
+                prefill_stats: None,
+            };
         };
         self.free_slots.push(slot);
         self.ids.remove(&r.id);
@@ -711,7 +801,12 @@ impl Scheduler {
             inference_time_s: r.first_scheduled.map_or(0.0, |t| (now - t).max(0.0)),
             num_preemptions: r.num_preemptions,
         });
-        RequestUpdate { request_id: r.id, token: None, finish: Some(reason), prefill_stats: if telemetry { prefill_stats } else { None } }
+        RequestUpdate {
+            request_id: r.id,
+            token: None,
+            finish: Some(reason),
+            prefill_stats: if telemetry { prefill_stats } else { None },
+        }
     }
 
     /// Per-request snapshot for tests: (prompt + output tokens, blocks held).
@@ -736,7 +831,10 @@ impl Scheduler {
         }
         for (b, &n) in refs.iter().enumerate() {
             if self.kv.pool().ref_count(b as BlockId) != n {
-                return Err(format!("block {b}: ref count {} but {n} tables hold it", self.kv.pool().ref_count(b as BlockId)));
+                return Err(format!(
+                    "block {b}: ref count {} but {n} tables hold it",
+                    self.kv.pool().ref_count(b as BlockId)
+                ));
             }
         }
         Ok(())

@@ -167,7 +167,11 @@ mod tests {
     #[test]
     fn deltas_are_per_interval_and_never_re_add_history() {
         let mut t = DeltaTracker::default();
-        let mut totals = CounterTotals { prefix_cache_queries: 100, prefix_cache_hits: 96, ..Default::default() };
+        let mut totals = CounterTotals {
+            prefix_cache_queries: 100,
+            prefix_cache_hits: 96,
+            ..Default::default()
+        };
         let d1 = t.advance(&totals);
         assert_eq!((d1.prefix_cache_queries, d1.prefix_cache_hits), (100, 96));
         let d2 = t.advance(&totals);
@@ -180,10 +184,32 @@ mod tests {
 
     #[test]
     fn prefill_stats_check_catches_each_invariant() {
-        let ok = PrefillStats { prompt_tokens: 10, local_cached_tokens: 4, cached_tokens: 4, computed_tokens: 6, cache_creation_tokens: 6, ..Default::default() };
+        let ok = PrefillStats {
+            prompt_tokens: 10,
+            local_cached_tokens: 4,
+            cached_tokens: 4,
+            computed_tokens: 6,
+            cache_creation_tokens: 6,
+            ..Default::default()
+        };
         ok.check().unwrap();
-        assert!(PrefillStats { computed_tokens: 5, ..ok }.check().is_err());
-        assert!(PrefillStats { external_cached_tokens: 1, ..ok }.check().is_err());
-        assert!(PrefillStats { cache_creation_tokens: 7, ..ok }.check().is_err());
+        assert!(PrefillStats {
+            computed_tokens: 5,
+            ..ok
+        }
+        .check()
+        .is_err());
+        assert!(PrefillStats {
+            external_cached_tokens: 1,
+            ..ok
+        }
+        .check()
+        .is_err());
+        assert!(PrefillStats {
+            cache_creation_tokens: 7,
+            ..ok
+        }
+        .check()
+        .is_err());
     }
 }

@@ -6,7 +6,11 @@ use cachet_core::stats::{FinishedRequestStats, PrefillStats};
 use cachet_core::{HashSeed, NewRequest, Sampled, SamplingParams, Scheduler, SchedulerConfig};
 
 pub fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
-    SchedulerConfig { num_blocks, block_size, ..Default::default() }
+    SchedulerConfig {
+        num_blocks,
+        block_size,
+        ..Default::default()
+    }
 }
 
 pub fn sched(cfg: SchedulerConfig) -> Scheduler {
@@ -15,13 +19,24 @@ pub fn sched(cfg: SchedulerConfig) -> Scheduler {
 }
 
 pub fn req(id: &str, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
-    NewRequest::new(id, prompt, SamplingParams { ignore_eos: true, ..SamplingParams::greedy(max_tokens) })
+    NewRequest::new(
+        id,
+        prompt,
+        SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(max_tokens)
+        },
+    )
 }
 
 /// One step: schedule, "execute" (token 7 for every sampled chunk), update.
 pub fn step(s: &mut Scheduler, now: f64) -> (SchedulerOutput, Vec<RequestUpdate>) {
     let out = s.schedule(now);
-    let results: Vec<Option<Sampled>> = out.chunks.iter().map(|c| c.sample.then(|| Sampled::token(7))).collect();
+    let results: Vec<Option<Sampled>> = out
+        .chunks
+        .iter()
+        .map(|c| c.sample.then(|| Sampled::token(7)))
+        .collect();
     let ups = s.update(&out, &results, now);
     (out, ups)
 }
@@ -41,7 +56,10 @@ pub fn run(s: &mut Scheduler) -> Vec<FinishedRequestStats> {
 }
 
 pub fn stats_of(fin: &[FinishedRequestStats], id: &str) -> PrefillStats {
-    fin.iter().find(|f| f.request_id == id).and_then(|f| f.prefill_stats).expect("stats")
+    fin.iter()
+        .find(|f| f.request_id == id)
+        .and_then(|f| f.prefill_stats)
+        .expect("stats")
 }
 
 /// Logical + physical fields, without the two timing fields.

@@ -21,7 +21,10 @@ fn example_1_cold_prompt_of_100() {
     s.add_request(req("a", toks(1000, 100), 1)).unwrap();
     let fin = run(&mut s);
     // 100 tokens: 6 full blocks + 4 tokens; 7 blocks allocated; 96 tokens land in new entries.
-    assert_eq!(fields(&stats_of(&fin, "a")), [100, 0, 0, 0, 100, 96, 1, 7, 6, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "a")),
+        [100, 0, 0, 0, 100, 96, 1, 7, 6, 0, 0]
+    );
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (100, 0));
     assert_eq!(t.cache_creation_tokens, 96);
@@ -35,10 +38,19 @@ fn example_2_same_prompt_again() {
     s.add_request(req("b", toks(1000, 100), 1)).unwrap();
     let fin = run(&mut s);
     // Cap floor(99/16)*16 = 96 → 6 blocks hit; 4 tokens computed in 1 new block, not full.
-    assert_eq!(fields(&stats_of(&fin, "b")), [100, 96, 0, 96, 4, 0, 1, 1, 0, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [100, 96, 0, 96, 4, 0, 1, 1, 0, 0, 0]
+    );
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (200, 96));
-    assert_eq!((t.prompt_tokens_local_compute, t.prompt_tokens_local_cache_hit), (104, 96));
+    assert_eq!(
+        (
+            t.prompt_tokens_local_compute,
+            t.prompt_tokens_local_cache_hit
+        ),
+        (104, 96)
+    );
 }
 
 #[test]
@@ -50,7 +62,10 @@ fn example_3_block_aligned_prompt_twice() {
     s.add_request(req("b", toks(0, 96), 1)).unwrap();
     let fin = run(&mut s);
     // Cap floor(95/16)*16 = 80; the recomputed 6th block's hash already exists → no creation.
-    assert_eq!(fields(&stats_of(&fin, "b")), [96, 80, 0, 80, 16, 0, 1, 1, 1, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [96, 80, 0, 80, 16, 0, 1, 1, 1, 0, 0]
+    );
 }
 
 #[test]
@@ -64,7 +79,10 @@ fn example_4_shared_prefix_then_other_suffix() {
     s.add_request(req("b", b, 1)).unwrap();
     let fin = run(&mut s);
     // 104 tokens: 4 blocks hit (64), blocks 4,5 new and full (32 creation), block 6 partial.
-    assert_eq!(fields(&stats_of(&fin, "b")), [104, 64, 0, 64, 40, 32, 1, 3, 2, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [104, 64, 0, 64, 40, 32, 1, 3, 2, 0, 0]
+    );
 }
 
 #[test]
@@ -78,7 +96,10 @@ fn example_5_eviction_belongs_to_the_evicting_request() {
     let a_before = stats_of(&fin_a, "a");
     s.add_request(req("b", toks(5000, 100), 1)).unwrap();
     let fin_b = run(&mut s);
-    assert_eq!(fields(&stats_of(&fin_b, "b")), [100, 0, 0, 0, 100, 96, 1, 7, 6, 5, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin_b, "b")),
+        [100, 0, 0, 0, 100, 96, 1, 7, 6, 5, 0]
+    );
     assert_eq!(a_before.blocks_evicted, 0);
     assert_eq!(s.totals().blocks_evicted, 5);
 }
@@ -112,7 +133,10 @@ fn caching_disabled_counts_no_queries() {
     run(&mut s);
     s.add_request(req("b", toks(0, 100), 1)).unwrap();
     let fin = run(&mut s);
-    assert_eq!(fields(&stats_of(&fin, "b")), [100, 0, 0, 0, 100, 0, 1, 7, 6, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [100, 0, 0, 0, 100, 0, 1, 7, 6, 0, 0]
+    );
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (0, 0));
     assert_eq!(t.prompt_tokens, 200);
@@ -185,8 +209,14 @@ fn preemption_keeps_logical_fields_and_grows_physical_ones() {
     s.add_request(req("a", toks(1, 4), 3)).unwrap();
     s.add_request(req("b", toks(100, 12), 1)).unwrap();
     let fin = run(&mut s);
-    assert_eq!(fields(&stats_of(&fin, "b")), [12, 0, 0, 0, 12, 0, 3, 4, 4, 0, 1]);
-    assert_eq!(fields(&stats_of(&fin, "a")), [4, 0, 0, 0, 4, 0, 1, 1, 1, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [12, 0, 0, 0, 12, 0, 3, 4, 4, 0, 1]
+    );
+    assert_eq!(
+        fields(&stats_of(&fin, "a")),
+        [4, 0, 0, 0, 4, 0, 1, 1, 1, 0, 0]
+    );
     assert_eq!(s.totals().num_preemptions, 1);
     assert_eq!(s.totals().prompt_tokens, 16);
 }
@@ -204,10 +234,19 @@ fn re_admission_lookup_goes_to_the_preempted_pair_once() {
     let fin = run(&mut s);
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (16, 0));
-    assert_eq!((t.preempted_prefix_cache_queries, t.preempted_prefix_cache_hits), (12, 4));
+    assert_eq!(
+        (
+            t.preempted_prefix_cache_queries,
+            t.preempted_prefix_cache_hits
+        ),
+        (12, 4)
+    );
     // Logical: all 12 computed, all 12 in new entries (block 0 created in step 1, blocks 1-2 in
     // step 4). Physical: chunks in steps 1 and 4; 1 + 2 allocated; 3 filled.
-    assert_eq!(fields(&stats_of(&fin, "b")), [12, 0, 0, 0, 12, 12, 2, 3, 3, 0, 1]);
+    assert_eq!(
+        fields(&stats_of(&fin, "b")),
+        [12, 0, 0, 0, 12, 12, 2, 3, 3, 0, 1]
+    );
 }
 
 struct FakeTier {
@@ -227,13 +266,26 @@ fn external_tier_tokens_are_cached_not_computed() {
     let out = s.schedule(1.0);
     assert_eq!(out.kv_loads.len(), 3);
     assert_eq!(out.chunks[0].start_pos, 48);
-    let res: Vec<_> = out.chunks.iter().map(|c| c.sample.then(|| cachet_core::Sampled::token(7))).collect();
+    let res: Vec<_> = out
+        .chunks
+        .iter()
+        .map(|c| c.sample.then(|| cachet_core::Sampled::token(7)))
+        .collect();
     s.update(&out, &res, 1.0);
     let fin = s.take_finished();
     // 48 loaded, 52 computed; blocks 3..=5 created with 48 computed tokens.
-    assert_eq!(fields(&stats_of(&fin, "a")), [100, 0, 48, 48, 52, 48, 1, 7, 6, 0, 0]);
+    assert_eq!(
+        fields(&stats_of(&fin, "a")),
+        [100, 0, 48, 48, 52, 48, 1, 7, 6, 0, 0]
+    );
     let t = s.totals();
-    assert_eq!((t.external_prefix_cache_queries, t.external_prefix_cache_hits), (96, 48));
+    assert_eq!(
+        (
+            t.external_prefix_cache_queries,
+            t.external_prefix_cache_hits
+        ),
+        (96, 48)
+    );
     assert_eq!(t.prompt_tokens_external_kv_transfer, 48);
 }
 

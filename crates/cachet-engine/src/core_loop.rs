@@ -28,8 +28,18 @@ pub struct EngineCore<E: Executor> {
 
 impl<E: Executor> EngineCore<E> {
     pub fn new(cfg: SchedulerConfig, executor: E, loggers: Vec<Box<dyn StatLogger>>) -> Self {
-        let seed = HashSeed::new(&executor.model_fingerprint(), cfg.block_size, &executor.kv_layout());
-        EngineCore { scheduler: Scheduler::new(cfg, seed), executor, deltas: DeltaTracker::default(), loggers, schedule_log: None }
+        let seed = HashSeed::new(
+            &executor.model_fingerprint(),
+            cfg.block_size,
+            &executor.kv_layout(),
+        );
+        EngineCore {
+            scheduler: Scheduler::new(cfg, seed),
+            executor,
+            deltas: DeltaTracker::default(),
+            loggers,
+            schedule_log: None,
+        }
     }
 
     pub fn record_schedules(&mut self) {
@@ -37,7 +47,10 @@ impl<E: Executor> EngineCore<E> {
     }
 
     pub fn take_schedules(&mut self) -> Vec<SchedulerOutput> {
-        self.schedule_log.as_mut().map(std::mem::take).unwrap_or_default()
+        self.schedule_log
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn scheduler(&self) -> &Scheduler {
@@ -57,14 +70,22 @@ impl<E: Executor> EngineCore<E> {
     }
 
     /// End a live request (abort or frontend stop); its stats reach the loggers.
-    pub fn finish_request(&mut self, request_id: &str, reason: FinishReason, now: f64) -> Option<CoreOutput> {
+    pub fn finish_request(
+        &mut self,
+        request_id: &str,
+        reason: FinishReason,
+        now: f64,
+    ) -> Option<CoreOutput> {
         let update = self.scheduler.finish_request(request_id, reason, now)?;
         let mut outs = self.attach_finished(vec![update], now, None);
         outs.pop()
     }
 
     /// Run one step. Returns the outputs of the requests that produced a token or finished.
-    pub fn step(&mut self, now: impl Fn() -> f64) -> Result<Vec<CoreOutput>, cachet_core::ExecError> {
+    pub fn step(
+        &mut self,
+        now: impl Fn() -> f64,
+    ) -> Result<Vec<CoreOutput>, cachet_core::ExecError> {
         let plan = self.scheduler.schedule(now());
         if let Some(log) = self.schedule_log.as_mut() {
             log.push(plan.clone());
@@ -81,7 +102,12 @@ impl<E: Executor> EngineCore<E> {
         Ok(self.attach_finished(updates, 0.0, Some(plan.num_tokens() as u64)))
     }
 
-    fn attach_finished(&mut self, updates: Vec<RequestUpdate>, _now: f64, iteration_tokens: Option<u64>) -> Vec<CoreOutput> {
+    fn attach_finished(
+        &mut self,
+        updates: Vec<RequestUpdate>,
+        _now: f64,
+        iteration_tokens: Option<u64>,
+    ) -> Vec<CoreOutput> {
         let finished = self.scheduler.take_finished();
         let mut by_id: HashMap<&str, &FinishedRequestStats> = HashMap::new();
         for f in &finished {
@@ -90,8 +116,15 @@ impl<E: Executor> EngineCore<E> {
         let outs = updates
             .into_iter()
             .map(|u| {
-                let fin = if u.finish.is_some() { by_id.get(&*u.request_id).map(|f| (*f).clone()) } else { None };
-                CoreOutput { update: u, finished: fin }
+                let fin = if u.finish.is_some() {
+                    by_id.get(&*u.request_id).map(|f| (*f).clone())
+                } else {
+                    None
+                };
+                CoreOutput {
+                    update: u,
+                    finished: fin,
+                }
             })
             .collect();
         self.emit_stats(finished, iteration_tokens);
@@ -111,7 +144,8 @@ impl<E: Executor> EngineCore<E> {
         };
         // A stats message whenever any delta is non-zero (or something finished), even in a step
         // without tokens.
-        if !stats.deltas.is_zero() || !stats.finished.is_empty() || stats.iteration_tokens.is_some() {
+        if !stats.deltas.is_zero() || !stats.finished.is_empty() || stats.iteration_tokens.is_some()
+        {
             for l in &mut self.loggers {
                 l.record(&stats);
             }
@@ -126,8 +160,16 @@ impl RequestMetrics {
             queue_time_ms: f.queue_time_s * 1000.0,
             time_to_first_token_ms: f.ttft_s.map(|t| t * 1000.0),
             generation_time_ms: f.decode_time_s * 1000.0,
-            mean_itl_ms: if gen > 1 { f.decode_time_s * 1000.0 / (gen - 1) as f64 } else { 0.0 },
-            tokens_per_second: if f.e2e_s > 0.0 { gen as f64 / f.e2e_s } else { 0.0 },
+            mean_itl_ms: if gen > 1 {
+                f.decode_time_s * 1000.0 / (gen - 1) as f64
+            } else {
+                0.0
+            },
+            tokens_per_second: if f.e2e_s > 0.0 {
+                gen as f64 / f.e2e_s
+            } else {
+                0.0
+            },
             prompt_tokens: f.prompt_tokens,
             generation_tokens: gen,
             e2e_ms: f.e2e_s * 1000.0,

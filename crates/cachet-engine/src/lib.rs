@@ -23,7 +23,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 pub use cachet_core::scheduler::AddRequestError as CoreAddError;
 pub use cachet_core::stats::{CounterDeltas, FinishedRequestStats, Gauges, PrefillStats};
-pub use cachet_core::{Executor, FinishReason, NewRequest, Sampled, SamplingParams, SchedulerConfig};
+pub use cachet_core::{
+    Executor, FinishReason, NewRequest, Sampled, SamplingParams, SchedulerConfig,
+};
 pub use tokenizer::{ChatMessage, IncrementalDetokenizer, TextTokenizer, TokenizerError};
 
 use core_loop::{CoreOutput, EngineCore};
@@ -103,7 +105,10 @@ pub struct EngineConfig {
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { scheduler: SchedulerConfig::default(), max_waiting_requests: 1024 }
+        EngineConfig {
+            scheduler: SchedulerConfig::default(),
+            max_waiting_requests: 1024,
+        }
     }
 }
 
@@ -180,7 +185,10 @@ impl RequestStream {
 impl Drop for RequestStream {
     fn drop(&mut self) {
         if !self.finished {
-            let _ = self.tx.send(Command::Finish(self.request_id.to_string(), FinishReason::Abort));
+            let _ = self.tx.send(Command::Finish(
+                self.request_id.to_string(),
+                FinishReason::Abort,
+            ));
         }
     }
 }
@@ -220,14 +228,24 @@ impl EngineHandle {
             return Err(CoreAddError::EmptyPrompt.into());
         }
         if n >= sc.max_model_len {
-            return Err(CoreAddError::PromptTooLong { prompt_tokens: n, max_model_len: sc.max_model_len }.into());
+            return Err(CoreAddError::PromptTooLong {
+                prompt_tokens: n,
+                max_model_len: sc.max_model_len,
+            }
+            .into());
         }
         if req.sampling.max_tokens == 0 {
             return Err(CoreAddError::ZeroMaxTokens.into());
         }
-        let needed = (n + req.sampling.max_tokens as usize).min(sc.max_model_len).div_ceil(sc.block_size);
+        let needed = (n + req.sampling.max_tokens as usize)
+            .min(sc.max_model_len)
+            .div_ceil(sc.block_size);
         if needed > sc.num_blocks {
-            return Err(CoreAddError::CannotFit { needed, available: sc.num_blocks }.into());
+            return Err(CoreAddError::CannotFit {
+                needed,
+                available: sc.num_blocks,
+            }
+            .into());
         }
         let pending = sh.queued.load(Ordering::SeqCst) + sh.waiting.load(Ordering::SeqCst);
         if pending >= sh.cfg.max_waiting_requests {
@@ -245,20 +263,32 @@ impl EngineHandle {
         sh.queued.fetch_add(1, Ordering::SeqCst);
         if self.tx.send(Command::Add(Box::new(req), otx)).is_err() {
             sh.queued.fetch_sub(1, Ordering::SeqCst);
-            sh.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+            sh.live
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
             return Err(AddRequestError::ShuttingDown);
         }
-        Ok(RequestStream { request_id: id, rx: orx, tx: self.tx.clone(), finished: false })
+        Ok(RequestStream {
+            request_id: id,
+            rx: orx,
+            tx: self.tx.clone(),
+            finished: false,
+        })
     }
 
     /// Abort a live request (no-op for an unknown id).
     pub fn abort(&self, request_id: &str) {
-        let _ = self.tx.send(Command::Finish(request_id.to_string(), FinishReason::Abort));
+        let _ = self
+            .tx
+            .send(Command::Finish(request_id.to_string(), FinishReason::Abort));
     }
 
     /// End a live request with `reason` (e.g. a stop string matched in the frontend).
     pub fn finish(&self, request_id: &str, reason: FinishReason) {
-        let _ = self.tx.send(Command::Finish(request_id.to_string(), reason));
+        let _ = self
+            .tx
+            .send(Command::Finish(request_id.to_string(), reason));
     }
 
     /// Drop every prefix-cache entry; only succeeds while no request holds a block.
@@ -310,12 +340,19 @@ pub fn start_engine<E: Executor + 'static>(
     });
     let core = EngineCore::new(cfg.scheduler.clone(), executor, loggers);
     let sh = shared.clone();
-    std::thread::Builder::new().name("cachet-core".into()).spawn(move || run_core(core, rx, sh))?;
+    std::thread::Builder::new()
+        .name("cachet-core".into())
+        .spawn(move || run_core(core, rx, sh))?;
     Ok(EngineHandle { tx, shared })
 }
 
-fn run_core<E: Executor>(mut core: EngineCore<E>, rx: std_mpsc::Receiver<Command>, sh: Arc<Shared>) {
-    let mut streams: std::collections::HashMap<Arc<str>, mpsc::UnboundedSender<RequestOutput>> = Default::default();
+fn run_core<E: Executor>(
+    mut core: EngineCore<E>,
+    rx: std_mpsc::Receiver<Command>,
+    sh: Arc<Shared>,
+) {
+    let mut streams: std::collections::HashMap<Arc<str>, mpsc::UnboundedSender<RequestOutput>> =
+        Default::default();
     let now = || sh.start.elapsed().as_secs_f64();
     let mut running = true;
     while running {
@@ -343,7 +380,10 @@ fn run_core<E: Executor>(mut core: EngineCore<E>, rx: std_mpsc::Receiver<Command
                         }
                         Err(e) => {
                             tracing::warn!(request_id = %id, error = %e, "request rejected by the scheduler");
-                            sh.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+                            sh.live
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .remove(&id);
                             let _ = otx.send(RequestOutput {
                                 request_id: id,
                                 tokens: Vec::new(),
@@ -393,7 +433,8 @@ fn run_core<E: Executor>(mut core: EngineCore<E>, rx: std_mpsc::Receiver<Command
                 }
             }
         }
-        sh.waiting.store(core.scheduler().num_waiting(), Ordering::SeqCst);
+        sh.waiting
+            .store(core.scheduler().num_waiting(), Ordering::SeqCst);
         sh.gauges.send_replace(core.scheduler().gauges());
         if !core.scheduler().has_unfinished() {
             sh.idle.send_replace(true);
@@ -417,7 +458,10 @@ fn deliver(
     };
     if done {
         streams.remove(&id);
-        sh.live.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        sh.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
         None
     } else if failed {
         Some(id)

@@ -42,16 +42,24 @@ impl StatLogger for TotalsLogger {
 pub struct OfflineEngine<E: Executor> {
     core: EngineCore<E>,
     totals: TotalsLogger,
+    start: std::time::Instant,
+    /// `Some(dt)`: a logical clock advancing `dt` seconds per step (deterministic timings for
+    /// tests); `None`: wall-clock time.
+    pub logical_step_seconds: Option<f64>,
     clock: f64,
-    /// Seconds the logical clock advances per step (the offline engine is deterministic).
-    pub step_seconds: f64,
 }
 
 impl<E: Executor> OfflineEngine<E> {
     pub fn new(cfg: SchedulerConfig, executor: E) -> Self {
         let totals = TotalsLogger::default();
         let core = EngineCore::new(cfg, executor, vec![Box::new(totals.clone())]);
-        OfflineEngine { core, totals, clock: 0.0, step_seconds: 0.001 }
+        OfflineEngine {
+            core,
+            totals,
+            start: std::time::Instant::now(),
+            logical_step_seconds: None,
+            clock: 0.0,
+        }
     }
 
     pub fn core(&mut self) -> &mut EngineCore<E> {
@@ -63,24 +71,54 @@ impl<E: Executor> OfflineEngine<E> {
         self.totals.0.lock().map(|t| *t).unwrap_or_default()
     }
 
+    fn tick(&mut self) -> f64 {
+        self.clock = match self.logical_step_seconds {
+            Some(dt) => self.clock + dt,
+            None => self.start.elapsed().as_secs_f64(),
+        };
+        self.clock
+    }
+
     /// Submit all requests at once and run until every one has finished. Outputs are in
     /// submission order.
-    pub fn generate(&mut self, reqs: Vec<NewRequest>) -> Result<Vec<CompletedRequest>, OfflineError> {
+    pub fn generate(
+        &mut self,
+        reqs: Vec<NewRequest>,
+    ) -> Result<Vec<CompletedRequest>, OfflineError> {
         let ids: Vec<String> = reqs.iter().map(|r| r.request_id.clone()).collect();
         let mut results: std::collections::HashMap<String, CompletedRequest> = Default::default();
+        self.tick();
         for mut r in reqs {
             r.arrival_time = self.clock;
             let id = r.request_id.clone();
-            self.core.add_request(r).map_err(|err| OfflineError::Rejected { id: id.clone(), err })?;
+            self.core
+                .add_request(r)
+                .map_err(|err| OfflineError::Rejected {
+                    id: id.clone(),
+                    err,
+                })?;
             results.insert(
                 id.clone(),
-                CompletedRequest { request_id: id, output_token_ids: Vec::new(), finish_reason: FinishReason::Abort, prefill_stats: None },
+                CompletedRequest {
+                    request_id: id,
+                    output_token_ids: Vec::new(),
+                    finish_reason: FinishReason::Abort,
+                    prefill_stats: None,
+                },
             );
         }
         while self.core.scheduler().has_unfinished() {
-            self.clock += self.step_seconds;
-            let t = self.clock;
-            for out in self.core.step(|| t)? {
+            let t = self.tick();
+            let logical = self.logical_step_seconds.is_some();
+            let start = self.start;
+            let now = move || {
+                if logical {
+                    t
+                } else {
+                    start.elapsed().as_secs_f64()
+                }
+            };
+            for out in self.core.step(now)? {
                 if let Some(c) = results.get_mut(&*out.update.request_id) {
                     if let Some(tok) = &out.update.token {
                         c.output_token_ids.push(tok.token);
@@ -94,6 +132,9 @@ impl<E: Executor> OfflineEngine<E> {
                 }
             }
         }
-        Ok(ids.into_iter().filter_map(|id| results.remove(&id)).collect())
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| results.remove(&id))
+            .collect())
     }
 }

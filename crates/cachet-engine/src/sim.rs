@@ -76,12 +76,14 @@ impl SimExecutor {
 
     fn slot(&self, table: &[u32], pos: usize) -> Result<usize, ExecError> {
         let b = self.cfg.block_size;
-        let block = *table
-            .get(pos / b)
-            .ok_or_else(|| ExecError::Failed(format!("position {pos} is outside the block table")))?;
+        let block = *table.get(pos / b).ok_or_else(|| {
+            ExecError::Failed(format!("position {pos} is outside the block table"))
+        })?;
         let idx = block as usize * b + pos % b;
         if idx >= self.arena.len() {
-            return Err(ExecError::Failed(format!("block {block} is outside the arena")));
+            return Err(ExecError::Failed(format!(
+                "block {block} is outside the arena"
+            )));
         }
         Ok(idx)
     }
@@ -107,11 +109,18 @@ impl Executor for SimExecutor {
         for seq in &batch.seqs {
             for (i, &tok) in seq.tokens.iter().enumerate() {
                 let pos = seq.start_pos + i;
-                let prev = if pos == 0 { SEED } else { self.arena[self.slot(seq.block_table, pos - 1)?] };
+                let prev = if pos == 0 {
+                    SEED
+                } else {
+                    self.arena[self.slot(seq.block_table, pos - 1)?]
+                };
                 let idx = self.slot(seq.block_table, pos)?;
                 self.arena[idx] = mix(prev, (tok as u64) << 32 | pos as u64);
             }
-            if seq.tokens.len() > 1 || seq.start_pos + seq.tokens.len() <= seq.sample.as_ref().map_or(0, |s| s.prompt.len()) {
+            if seq.tokens.len() > 1
+                || seq.start_pos + seq.tokens.len()
+                    <= seq.sample.as_ref().map_or(0, |s| s.prompt.len())
+            {
                 cost += self.cfg.prefill_cost_per_token * seq.tokens.len() as u32;
             } else {
                 cost += self.cfg.decode_cost_per_seq;
@@ -134,7 +143,9 @@ impl Executor for SimExecutor {
             let mut s = Sampled::token(token);
             if let Some(k) = spec.params.logprobs {
                 s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
-                s.top_logprobs = (0..k.min(5)).map(|j| (self.cfg.first_token + j, -1.0 - j as f32)).collect();
+                s.top_logprobs = (0..k.min(5))
+                    .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+                    .collect();
             }
             results.push(Some(s));
         }
@@ -170,7 +181,11 @@ impl TextTokenizer for ByteTokenizer {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError> {
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let mut s = String::new();
         for m in messages {
             s.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));

@@ -14,7 +14,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -31,7 +34,11 @@ pub enum TokenizerError {
 pub trait TextTokenizer: Send + Sync {
     fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError>;
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError>;
-    fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TokenizerError>;
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError>;
     fn eos_token_ids(&self) -> Vec<u32>;
 }
 
@@ -46,15 +53,29 @@ pub struct IncrementalDetokenizer {
 
 impl IncrementalDetokenizer {
     pub fn new(tok: Arc<dyn TextTokenizer>) -> Self {
-        IncrementalDetokenizer { tok, ids: Vec::new(), prefix_offset: 0, read_offset: 0 }
+        IncrementalDetokenizer {
+            tok,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+        }
     }
 
     /// Add tokens; returns the newly completed text.
     pub fn push(&mut self, new_ids: &[u32]) -> String {
         self.ids.extend_from_slice(new_ids);
-        let prefix = self.tok.decode(&self.ids[self.prefix_offset..self.read_offset], true).unwrap_or_default();
-        let full = self.tok.decode(&self.ids[self.prefix_offset..], true).unwrap_or_default();
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
+        let prefix = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)
+            .unwrap_or_default();
+        let full = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..], true)
+            .unwrap_or_default();
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
             let delta = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;
             self.read_offset = self.ids.len();
@@ -66,8 +87,14 @@ impl IncrementalDetokenizer {
 
     /// Whatever is still held back (decoded lossily), at the end of a stream.
     pub fn flush(&mut self) -> String {
-        let prefix = self.tok.decode(&self.ids[self.prefix_offset..self.read_offset], true).unwrap_or_default();
-        let full = self.tok.decode(&self.ids[self.prefix_offset..], true).unwrap_or_default();
+        let prefix = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..self.read_offset], true)
+            .unwrap_or_default();
+        let full = self
+            .tok
+            .decode(&self.ids[self.prefix_offset..], true)
+            .unwrap_or_default();
         self.prefix_offset = self.ids.len();
         self.read_offset = self.ids.len();
         if full.len() > prefix.len() && full.is_char_boundary(prefix.len()) {

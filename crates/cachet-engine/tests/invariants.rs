@@ -15,8 +15,8 @@ use proptest::prelude::*;
 #[derive(Clone, Debug)]
 struct Arrival {
     step: usize,
-    prefix: usize,      // which shared prefix (0..3), or 3 = none
-    prefix_len: usize,  // tokens of the prefix used
+    prefix: usize,     // which shared prefix (0..3), or 3 = none
+    prefix_len: usize, // tokens of the prefix used
     suffix: Vec<u32>,
     max_tokens: u32,
     abort_after: Option<usize>, // abort this many steps after arrival
@@ -25,17 +25,28 @@ struct Arrival {
 }
 
 fn arrival() -> impl Strategy<Value = Arrival> {
-    (0usize..30, 0usize..4, 0usize..70, prop::collection::vec(0u32..50, 1..40), 1u32..12, prop::option::of(0usize..8), prop::option::of(0u8..2), -1i32..2)
-        .prop_map(|(step, prefix, prefix_len, suffix, max_tokens, abort_after, salt, priority)| Arrival {
-            step,
-            prefix,
-            prefix_len,
-            suffix,
-            max_tokens,
-            abort_after,
-            salt,
-            priority,
-        })
+    (
+        0usize..30,
+        0usize..4,
+        0usize..70,
+        prop::collection::vec(0u32..50, 1..40),
+        1u32..12,
+        prop::option::of(0usize..8),
+        prop::option::of(0u8..2),
+        -1i32..2,
+    )
+        .prop_map(
+            |(step, prefix, prefix_len, suffix, max_tokens, abort_after, salt, priority)| Arrival {
+                step,
+                prefix,
+                prefix_len,
+                suffix,
+                max_tokens,
+                abort_after,
+                salt,
+                priority,
+            },
+        )
 }
 
 #[derive(Clone, Default)]
@@ -53,14 +64,24 @@ struct RunResult {
 }
 
 fn prompt(a: &Arrival) -> Vec<u32> {
-    let mut p: Vec<u32> = if a.prefix < 3 { (0..a.prefix_len as u32).map(|i| 1000 * (a.prefix as u32 + 1) + i).collect() } else { Vec::new() };
+    let mut p: Vec<u32> = if a.prefix < 3 {
+        (0..a.prefix_len as u32)
+            .map(|i| 1000 * (a.prefix as u32 + 1) + i)
+            .collect()
+    } else {
+        Vec::new()
+    };
     p.extend(&a.suffix);
     p
 }
 
 fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
     let collect = Collect::default();
-    let sim = SimExecutor::new(SimConfig { num_blocks: cfg.num_blocks, block_size: cfg.block_size, ..Default::default() });
+    let sim = SimExecutor::new(SimConfig {
+        num_blocks: cfg.num_blocks,
+        block_size: cfg.block_size,
+        ..Default::default()
+    });
     let mut core = EngineCore::new(cfg.clone(), sim, vec![Box::new(collect.clone())]);
     core.record_schedules();
     let mut outputs: Vec<(String, Vec<u32>, Option<FinishReason>)> = Vec::new();
@@ -70,7 +91,14 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
         t += 1.0;
         for (i, a) in arrivals.iter().enumerate() {
             if a.step == step {
-                let mut r = NewRequest::new(format!("r{i}"), prompt(a), SamplingParams { ignore_eos: true, ..SamplingParams::greedy(a.max_tokens) });
+                let mut r = NewRequest::new(
+                    format!("r{i}"),
+                    prompt(a),
+                    SamplingParams {
+                        ignore_eos: true,
+                        ..SamplingParams::greedy(a.max_tokens)
+                    },
+                );
                 r.cache_salt = a.salt.map(|s| format!("salt{s}"));
                 r.priority = a.priority;
                 r.arrival_time = t;
@@ -88,7 +116,10 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
         }
         let tt = t;
         for o in core.step(|| tt).unwrap() {
-            let e = outputs.iter_mut().find(|e| *e.0 == *o.update.request_id).unwrap();
+            let e = outputs
+                .iter_mut()
+                .find(|e| *e.0 == *o.update.request_id)
+                .unwrap();
             if let Some(tok) = &o.update.token {
                 e.1.push(tok.token);
             }
@@ -108,10 +139,20 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
     assert_eq!(pool.num_free(), pool.num_blocks());
     pool.check_invariants().unwrap();
     let steps = collect.0.lock().unwrap().clone();
-    RunResult { outputs, schedules: core.take_schedules(), steps }
+    RunResult {
+        outputs,
+        schedules: core.take_schedules(),
+        steps,
+    }
 }
 
-fn config(num_blocks: usize, budget: usize, caching: bool, telemetry: bool, priority: bool) -> SchedulerConfig {
+fn config(
+    num_blocks: usize,
+    budget: usize,
+    caching: bool,
+    telemetry: bool,
+    priority: bool,
+) -> SchedulerConfig {
     SchedulerConfig {
         block_size: 4,
         num_blocks,
@@ -120,7 +161,11 @@ fn config(num_blocks: usize, budget: usize, caching: bool, telemetry: bool, prio
         long_prefill_token_threshold: 0,
         max_model_len: 256,
         enable_prefix_caching: caching,
-        policy: if priority { SchedulingPolicy::Priority } else { SchedulingPolicy::Fcfs },
+        policy: if priority {
+            SchedulingPolicy::Priority
+        } else {
+            SchedulingPolicy::Fcfs
+        },
         eos_token_ids: vec![2],
         telemetry,
     }

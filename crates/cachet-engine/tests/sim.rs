@@ -12,7 +12,11 @@ fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]
             tokens: &tokens[start..],
             start_pos: start,
             block_table: table,
-            sample: Some(SampleSpec { params: &params, prompt: tokens, output: &[] }),
+            sample: Some(SampleSpec {
+                params: &params,
+                prompt: tokens,
+                output: &[],
+            }),
         }],
     };
     sim.execute(&batch).unwrap()[0].as_ref().unwrap().token
@@ -20,7 +24,11 @@ fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]
 
 #[test]
 fn correct_cached_blocks_give_the_same_token_and_wrong_ones_do_not() {
-    let mut sim = SimExecutor::new(SimConfig { num_blocks: 8, block_size: 4, ..Default::default() });
+    let mut sim = SimExecutor::new(SimConfig {
+        num_blocks: 8,
+        block_size: 4,
+        ..Default::default()
+    });
     let prompt: Vec<u32> = (10..20).collect(); // 10 tokens: blocks 0, 1 full, 2 partial
     let cold = run_prompt(&mut sim, &prompt, 0, &[0, 1, 2]);
     // A hit on blocks 0, 1 with the suffix computed into a fresh block: same token.
@@ -40,7 +48,15 @@ fn correct_cached_blocks_give_the_same_token_and_wrong_ones_do_not() {
 
 #[test]
 fn eos_at_output_is_deterministic() {
-    let mut sim = SimExecutor::new(SimConfig { num_blocks: 8, block_size: 4, eos_at_output: Some(1), ..Default::default() });
+    let mut sim = SimExecutor::new(SimConfig {
+        num_blocks: 8,
+        block_size: 4,
+        eos_at_output: Some(1),
+        ..Default::default()
+    });
     let prompt: Vec<u32> = (10..14).collect();
-    assert_eq!(run_prompt(&mut sim, &prompt, 0, &[0]), cachet_engine::sim::ByteTokenizer::EOS);
+    assert_eq!(
+        run_prompt(&mut sim, &prompt, 0, &[0]),
+        cachet_engine::sim::ByteTokenizer::EOS
+    );
 }

@@ -1,0 +1,45 @@
+# cachet — the two commands: `make serve` and `make test`.
+SHELL := /bin/bash
+CARGO ?= cargo
+PYTHON ?= python3
+VENV := .venv
+MODEL := $(HOME)/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf
+BIN := target/release/cachet
+SERVE_ARGS ?=
+
+.PHONY: serve test model build test-deps rust-test lint e2e bench clean
+
+## Fetch the default model if missing, build in release mode, start the server on 127.0.0.1:8000.
+serve: model build
+	$(BIN) serve $(SERVE_ARGS)
+
+## Install what the tests need, then run every test suite.
+test: test-deps model lint rust-test e2e
+
+model:
+	@scripts/fetch-model.sh
+
+build:
+	$(CARGO) build --release -p cachet
+
+test-deps:
+	@scripts/test-deps.sh
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# Release mode: one optimised build serves the unit tests, the real-model tests and the e2e binary.
+rust-test:
+	$(CARGO) test --workspace --release
+
+e2e: build
+	CACHET_BIN=$(CURDIR)/$(BIN) CACHET_E2E_REAL_MODEL=1 CACHET_E2E_MODEL_ARGS="--model $(MODEL)" \
+		$(VENV)/bin/python -m pytest -q tests/e2e
+
+bench:
+	$(CARGO) bench --workspace
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)

@@ -1,0 +1,97 @@
+//! Engine flags shared by `serve`, `generate` and `bench`.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ExecutorKind {
+    /// A real GGUF model (`--model`, default SmolLM2-135M-Instruct Q4_1).
+    Model,
+    /// The deterministic simulated model (tests, scheduler benchmarks).
+    Sim,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Policy {
+    Fcfs,
+    Priority,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Which executor runs the model.
+    #[arg(long, value_enum, default_value = "model")]
+    pub executor: ExecutorKind,
+    /// GGUF file (default: ~/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Compute threads (0: all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// KV blocks in the pool (default: sized from --kv-cache-memory).
+    #[arg(long)]
+    pub num_kv_blocks: Option<usize>,
+    /// Bytes of KV cache when --num-kv-blocks is not given.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub kv_cache_memory: u64,
+    /// KV element type: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_cache_dtype: String,
+    /// Token budget of one engine step.
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Most requests running at once.
+    #[arg(long, default_value_t = 128)]
+    pub max_num_seqs: usize,
+    /// Cap on one prefill chunk per step (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub long_prefill_token_threshold: usize,
+    /// Context length (default: the model's, 8192 for the simulator).
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Disable the prefix cache.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+    #[arg(long, value_enum, default_value = "fcfs")]
+    pub scheduling_policy: Policy,
+    /// Requests waiting for admission beyond which new ones get 503.
+    #[arg(long, default_value_t = 1024)]
+    pub max_waiting_requests: usize,
+    /// Simulator: wall time per prefill token, microseconds.
+    #[arg(long, default_value_t = 0)]
+    pub sim_prefill_us_per_token: u64,
+    /// Simulator: wall time per decoding sequence per step, microseconds.
+    #[arg(long, default_value_t = 0)]
+    pub sim_decode_us_per_seq: u64,
+    /// Simulator: make the n-th generated token EOS.
+    #[arg(long)]
+    pub sim_eos_at_output: Option<usize>,
+}
+
+impl Default for EngineArgs {
+    fn default() -> Self {
+        EngineArgs {
+            executor: ExecutorKind::Sim,
+            model: None,
+            threads: 0,
+            block_size: 16,
+            num_kv_blocks: None,
+            kv_cache_memory: 1 << 30,
+            kv_cache_dtype: "f16".into(),
+            max_num_batched_tokens: 2048,
+            max_num_seqs: 128,
+            long_prefill_token_threshold: 0,
+            max_model_len: None,
+            no_enable_prefix_caching: false,
+            scheduling_policy: Policy::Fcfs,
+            max_waiting_requests: 1024,
+            sim_prefill_us_per_token: 0,
+            sim_decode_us_per_seq: 0,
+            sim_eos_at_output: None,
+        }
+    }
+}

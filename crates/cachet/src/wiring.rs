@@ -1,0 +1,221 @@
+//! Build an engine (threaded or offline) from [`EngineArgs`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use cachet_core::{SchedulerConfig, SchedulingPolicy};
+use cachet_engine::sim::{ByteTokenizer, SimConfig, SimExecutor};
+use cachet_engine::{ChatMessage, EngineConfig, ModelInfo, TextTokenizer, TokenizerError};
+use cachet_model::executor::{ExecutorConfig, KvDtype, LlamaExecutor};
+use cachet_model::{GgufTokenizer, LoadOptions, LoadedModel};
+use thiserror::Error;
+
+use crate::args::{EngineArgs, ExecutorKind, Policy};
+
+#[derive(Debug, Error)]
+pub enum WiringError {
+    #[error("unknown --kv-cache-dtype {0:?} (expected f16 or f32)")]
+    KvDtype(String),
+    #[error("model file {0} not found (run `make model` to fetch the default model)")]
+    MissingModel(String),
+    #[error(transparent)]
+    Model(#[from] cachet_model::ModelError),
+    #[error("invalid engine settings: {0}")]
+    Invalid(String),
+}
+
+/// The GGUF tokenizer seen through the engine's trait.
+pub struct GgufText(pub GgufTokenizer);
+
+impl TextTokenizer for GgufText {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        self.0
+            .encode(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        self.0
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+    fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let msgs: Vec<cachet_model::tokenizer::ChatMessage> = messages
+            .iter()
+            .map(|m| cachet_model::tokenizer::ChatMessage::new(m.role.clone(), m.content.clone()))
+            .collect();
+        self.0
+            .apply_chat_template(&msgs, add_generation_prompt)
+            .map_err(|e| TokenizerError::Template(e.to_string()))
+    }
+    fn eos_token_ids(&self) -> Vec<u32> {
+        self.0.eos_token_ids()
+    }
+}
+
+/// An executor of either kind, behind one type.
+pub enum AnyExecutor {
+    Sim(SimExecutor),
+    Model(Box<LlamaExecutor>),
+}
+
+impl cachet_core::Executor for AnyExecutor {
+    fn model_fingerprint(&self) -> [u8; 32] {
+        match self {
+            AnyExecutor::Sim(e) => e.model_fingerprint(),
+            AnyExecutor::Model(e) => e.model_fingerprint(),
+        }
+    }
+    fn kv_layout(&self) -> String {
+        match self {
+            AnyExecutor::Sim(e) => e.kv_layout(),
+            AnyExecutor::Model(e) => e.kv_layout(),
+        }
+    }
+    fn execute(
+        &mut self,
+        batch: &cachet_core::ExecBatch<'_>,
+    ) -> Result<Vec<Option<cachet_core::Sampled>>, cachet_core::ExecError> {
+        match self {
+            AnyExecutor::Sim(e) => e.execute(batch),
+            AnyExecutor::Model(e) => e.execute(batch),
+        }
+    }
+}
+
+/// Everything needed to start an engine.
+pub struct Built {
+    pub executor: AnyExecutor,
+    pub engine: EngineConfig,
+    pub model: ModelInfo,
+    pub tokenizer: Arc<dyn TextTokenizer>,
+    pub loaded: Option<LoadedModel>,
+}
+
+fn scheduler_config(
+    a: &EngineArgs,
+    num_blocks: usize,
+    max_model_len: usize,
+    eos: Vec<u32>,
+) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: a.block_size,
+        num_blocks,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        max_num_seqs: a.max_num_seqs,
+        long_prefill_token_threshold: a.long_prefill_token_threshold,
+        max_model_len,
+        enable_prefix_caching: !a.no_enable_prefix_caching,
+        policy: match a.scheduling_policy {
+            Policy::Fcfs => SchedulingPolicy::Fcfs,
+            Policy::Priority => SchedulingPolicy::Priority,
+        },
+        eos_token_ids: eos,
+        telemetry: true,
+    }
+}
+
+pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
+    if a.block_size == 0 || a.max_num_batched_tokens == 0 || a.max_num_seqs == 0 {
+        return Err(WiringError::Invalid(
+            "--block-size, --max-num-batched-tokens and --max-num-seqs must be positive".into(),
+        ));
+    }
+    match a.executor {
+        ExecutorKind::Sim => {
+            let num_blocks = a.num_kv_blocks.unwrap_or(4096);
+            let max_model_len = a.max_model_len.unwrap_or(8192);
+            let sim = SimExecutor::new(SimConfig {
+                num_blocks,
+                block_size: a.block_size,
+                eos_at_output: a.sim_eos_at_output,
+                prefill_cost_per_token: Duration::from_micros(a.sim_prefill_us_per_token),
+                decode_cost_per_seq: Duration::from_micros(a.sim_decode_us_per_seq),
+                ..Default::default()
+            });
+            let tok = ByteTokenizer;
+            let eos = tok.eos_token_ids();
+            Ok(Built {
+                executor: AnyExecutor::Sim(sim),
+                engine: EngineConfig {
+                    scheduler: scheduler_config(a, num_blocks, max_model_len, eos),
+                    max_waiting_requests: a.max_waiting_requests,
+                },
+                model: ModelInfo {
+                    name: "cachet-sim".into(),
+                    max_model_len,
+                    block_size: a.block_size,
+                    num_kv_blocks: num_blocks,
+                },
+                tokenizer: Arc::new(tok),
+                loaded: None,
+            })
+        }
+        ExecutorKind::Model => {
+            let path = a
+                .model
+                .clone()
+                .unwrap_or_else(cachet_model::default_model_path);
+            if !path.exists() {
+                return Err(WiringError::MissingModel(path.display().to_string()));
+            }
+            let kv_dtype = KvDtype::parse(&a.kv_cache_dtype)
+                .ok_or_else(|| WiringError::KvDtype(a.kv_cache_dtype.clone()))?;
+            let loaded = cachet_model::load_model(
+                &path,
+                &LoadOptions {
+                    threads: a.threads,
+                    progress: true,
+                    full_fingerprint: true,
+                },
+            )?;
+            let num_blocks = a.num_kv_blocks.unwrap_or_else(|| {
+                loaded.num_blocks_for_memory(a.kv_cache_memory, a.block_size, kv_dtype)
+            });
+            if num_blocks == 0 {
+                return Err(WiringError::Invalid(
+                    "the KV cache holds no block: raise --kv-cache-memory".into(),
+                ));
+            }
+            let max_model_len = a
+                .max_model_len
+                .unwrap_or(loaded.info.context_length)
+                .min(num_blocks * a.block_size);
+            let exec = loaded.executor(ExecutorConfig {
+                block_size: a.block_size,
+                num_blocks,
+                kv_dtype,
+            })?;
+            let tok = GgufText(loaded.tokenizer.clone());
+            let eos = tok.eos_token_ids();
+            tracing::info!(
+                model = %loaded.info.name,
+                arch = %loaded.info.architecture,
+                num_blocks,
+                block_size = a.block_size,
+                kv_dtype = kv_dtype.as_str(),
+                max_model_len,
+                threads = loaded.threads,
+                "model loaded"
+            );
+            Ok(Built {
+                executor: AnyExecutor::Model(Box::new(exec)),
+                engine: EngineConfig {
+                    scheduler: scheduler_config(a, num_blocks, max_model_len, eos),
+                    max_waiting_requests: a.max_waiting_requests,
+                },
+                model: ModelInfo {
+                    name: loaded.info.name.clone(),
+                    max_model_len,
+                    block_size: a.block_size,
+                    num_kv_blocks: num_blocks,
+                },
+                tokenizer: Arc::new(tok),
+                loaded: Some(loaded),
+            })
+        }
+    }
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Everything `make test` needs beyond the Rust toolchain and Python: promtool (Debian package
+# `prometheus`, when run as root) and a virtual environment with the e2e test clients.
+set -euo pipefail
+if ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing promtool (Debian package prometheus) ..." >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  else
+    echo "warning: promtool missing and not root; the promtool check will be skipped" >&2
+  fi
+fi
+if ! rustup component list --installed 2>/dev/null | grep -q clippy; then
+  rustup component add clippy rustfmt >/dev/null 2>&1 || true
+fi
+VENV=.venv
+if [ ! -x "$VENV/bin/python" ]; then
+  python3 -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
