@@ -46,7 +46,10 @@ fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut StdRng) -> 
 }
 
 fn pool() -> ThreadPool {
-    let n = std::env::var("CACHET_BENCH_THREADS").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    let n = std::env::var("CACHET_BENCH_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     ThreadPool::new(n)
 }
 
@@ -55,19 +58,36 @@ fn bench_matmul(c: &mut Criterion) {
     let pool = pool();
     let mut rng = StdRng::seed_from_u64(1);
     let mut g = c.benchmark_group("matmul");
-    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(10);
-    let types = [WeightType::Q4_1, WeightType::Q4_0, WeightType::Q8_0, WeightType::Q4K, WeightType::Q6K];
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(10);
+    let types = [
+        WeightType::Q4_1,
+        WeightType::Q4_0,
+        WeightType::Q8_0,
+        WeightType::Q4K,
+        WeightType::Q6K,
+    ];
     for ty in types {
-        for (name, rows, cols) in [("qo", HIDDEN, HIDDEN), ("up", FFN, HIDDEN), ("down", HIDDEN, FFN)] {
-            let cols = if ty.block_len() == 256 && cols == HIDDEN { 512 } else { cols };
+        for (name, rows, cols) in [
+            ("qo", HIDDEN, HIDDEN),
+            ("up", FFN, HIDDEN),
+            ("down", HIDDEN, FFN),
+        ] {
+            let cols = if ty.block_len() == 256 && cols == HIDDEN {
+                512
+            } else {
+                cols
+            };
             let mat = random_matrix(ty, rows, cols, &mut rng);
             for m in [1usize, 16, 512] {
                 let x: Vec<f32> = (0..m * cols).map(|_| rng.gen_range(-1.0..1.0)).collect();
                 let mut y = vec![0f32; m * rows];
                 g.throughput(Throughput::Elements((2 * m * rows * cols) as u64));
-                g.bench_function(BenchmarkId::new(format!("{ty:?}/{name}_{rows}x{cols}"), m), |b| {
-                    b.iter(|| mat.matmul(&pool, &x, m, &mut y))
-                });
+                g.bench_function(
+                    BenchmarkId::new(format!("{ty:?}/{name}_{rows}x{cols}"), m),
+                    |b| b.iter(|| mat.matmul(&pool, &x, m, &mut y)),
+                );
             }
         }
     }
@@ -94,10 +114,21 @@ fn model(rng: &mut StdRng) -> Model {
             ]
         })
         .collect();
-    Model { layers, lm_head: random_matrix(WeightType::Q8_0, VOCAB, HIDDEN, rng) }
+    Model {
+        layers,
+        lm_head: random_matrix(WeightType::Q8_0, VOCAB, HIDDEN, rng),
+    }
 }
 
-fn run_model(model: &Model, pool: &ThreadPool, m: usize, x: &[f32], xf: &[f32], y: &mut [f32], with_head: bool) {
+fn run_model(
+    model: &Model,
+    pool: &ThreadPool,
+    m: usize,
+    x: &[f32],
+    xf: &[f32],
+    y: &mut [f32],
+    with_head: bool,
+) {
     for l in &model.layers {
         for w in l {
             let inp = if w.cols() == FFN { xf } else { x };
@@ -115,10 +146,17 @@ fn bench_model(c: &mut Criterion) {
     let pool = pool();
     let mut rng = StdRng::seed_from_u64(2);
     let model = model(&mut rng);
-    let bytes: usize =
-        model.layers.iter().flat_map(|l| l.iter()).map(|w| w.storage_bytes()).sum::<usize>() + model.lm_head.storage_bytes();
+    let bytes: usize = model
+        .layers
+        .iter()
+        .flat_map(|l| l.iter())
+        .map(|w| w.storage_bytes())
+        .sum::<usize>()
+        + model.lm_head.storage_bytes();
     let mut g = c.benchmark_group("model");
-    g.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3)).sample_size(10);
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3))
+        .sample_size(10);
     for m in [1usize, 16, 512] {
         let x: Vec<f32> = (0..m * HIDDEN).map(|_| rng.gen_range(-1.0..1.0)).collect();
         let xf: Vec<f32> = (0..m * FFN).map(|_| rng.gen_range(-1.0..1.0)).collect();
@@ -140,7 +178,9 @@ fn bench_attention(c: &mut Criterion) {
     let mut rng = StdRng::seed_from_u64(3);
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
     let mut g = c.benchmark_group("attention");
-    g.warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(1)).sample_size(20);
+    g.warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(1))
+        .sample_size(20);
     for depth in [0usize, 512, 1000] {
         let ctx = depth + 1;
         let nblk = ctx.div_ceil(bs);
@@ -166,8 +206,12 @@ fn bench_attention(c: &mut Criterion) {
             scale: 0.125,
         };
         g.throughput(Throughput::Elements(ctx as u64));
-        g.bench_function(BenchmarkId::new("f32", depth), |b| b.iter(|| paged_attention(&args, &q, &kf, &vf, &mut out)));
-        g.bench_function(BenchmarkId::new("f16", depth), |b| b.iter(|| paged_attention(&args, &q, &kh, &vh, &mut out)));
+        g.bench_function(BenchmarkId::new("f32", depth), |b| {
+            b.iter(|| paged_attention(&args, &q, &kf, &vf, &mut out))
+        });
+        g.bench_function(BenchmarkId::new("f16", depth), |b| {
+            b.iter(|| paged_attention(&args, &q, &kh, &vh, &mut out))
+        });
     }
     g.finish();
 }

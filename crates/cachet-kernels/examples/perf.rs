@@ -7,10 +7,14 @@ use half::f16;
 fn mat(ty: WeightType, rows: usize, cols: usize) -> QMatrix {
     let bb = ty.block_bytes();
     let n = rows * cols / ty.block_len();
-    let mut bytes: Vec<u8> = (0..n * bb).map(|i| (i * 2654435761usize >> 13) as u8).collect();
+    let mut bytes: Vec<u8> = (0..n * bb)
+        .map(|i| ((i * 2654435761usize) >> 13) as u8)
+        .collect();
     for blk in bytes.chunks_mut(bb) {
         match ty {
-            WeightType::Q6K => blk[208..].copy_from_slice(&f16::from_f32(0.001).to_bits().to_le_bytes()),
+            WeightType::Q6K => {
+                blk[208..].copy_from_slice(&f16::from_f32(0.001).to_bits().to_le_bytes())
+            }
             WeightType::F32 | WeightType::F16 => {}
             _ => {
                 blk[..2].copy_from_slice(&f16::from_f32(0.01).to_bits().to_le_bytes());
@@ -23,8 +27,87 @@ fn mat(ty: WeightType, rows: usize, cols: usize) -> QMatrix {
     QMatrix::from_gguf_bytes(ty, rows, cols, &bytes).expect("matrix")
 }
 
+fn cpu_time() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid out-pointer for clock_gettime.
+    unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Whole default-model matmul set (30 layers of Q4_1 + Q8_0 lm_head) at batch m.
+fn model(pool: &ThreadPool, m: usize) {
+    let shapes = [
+        (576, 576),
+        (192, 576),
+        (192, 576),
+        (576, 576),
+        (1536, 576),
+        (1536, 576),
+        (576, 1536),
+    ];
+    let layers: Vec<Vec<QMatrix>> = (0..30)
+        .map(|_| {
+            shapes
+                .iter()
+                .map(|&(r, c)| mat(WeightType::Q4_1, r, c))
+                .collect()
+        })
+        .collect();
+    let head = mat(WeightType::Q8_0, 49152, 576);
+    let x: Vec<f32> = (0..m * 1536)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let mut y = vec![0f32; (m * 1536).max(49152)];
+    let run = |y: &mut [f32]| {
+        for l in &layers {
+            for w in l {
+                w.matmul(pool, &x, m, y);
+            }
+        }
+        head.matmul(pool, &x, 1, y);
+    };
+    run(&mut y);
+    let iters = if m == 1 {
+        50
+    } else if m <= 16 {
+        10
+    } else {
+        2
+    };
+    let (t0, c0) = (Instant::now(), cpu_time());
+    for _ in 0..iters {
+        run(&mut y);
+    }
+    let wall = t0.elapsed().as_secs_f64() / iters as f64;
+    let cpu = (cpu_time() - c0) / iters as f64;
+    println!(
+        "model m={m} threads={}: wall {:.2} ms/iter ({:.0} tok/s), process cpu {:.2} ms/iter",
+        pool.n_threads(),
+        wall * 1e3,
+        m as f64 / wall,
+        cpu * 1e3
+    );
+}
+
 fn main() {
-    let threads: usize = std::env::var("T").ok().and_then(|s| s.parse().ok()).unwrap_or(2);
+    if let Ok(ms) = std::env::var("MODEL") {
+        let threads: usize = std::env::var("T")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(2);
+        let pool = ThreadPool::new(threads);
+        for m in ms.split(',').filter_map(|v| v.parse().ok()) {
+            model(&pool, m);
+        }
+        return;
+    }
+    let threads: usize = std::env::var("T")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
     let pool = ThreadPool::new(threads);
     let ms: Vec<usize> = std::env::var("M")
         .ok()
@@ -46,7 +129,9 @@ fn main() {
             if m > 16 && rows > 4096 {
                 continue;
             }
-            let x: Vec<f32> = (0..m * cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
+            let x: Vec<f32> = (0..m * cols)
+                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
             let mut y = vec![0f32; m * rows];
             let flops = 2.0 * (m * rows * cols) as f64;
             let target = 0.3f64;

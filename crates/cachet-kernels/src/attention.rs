@@ -109,7 +109,7 @@ pub fn paged_attention_parallel<T: KvElem>(
 fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &mut [f32]) {
     let a = args;
     assert!(
-        a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0,
+        a.n_kv_heads > 0 && a.n_heads.is_multiple_of(a.n_kv_heads),
         "n_heads must be a multiple of n_kv_heads"
     );
     assert!(

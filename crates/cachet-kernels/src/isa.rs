@@ -75,7 +75,7 @@ fn detect_amx() -> bool {
     let l7 = __cpuid_count(7, 0);
     let amx_tile = l7.edx & (1 << 24) != 0;
     let amx_int8 = l7.edx & (1 << 25) != 0;
-    if !(amx_tile && amx_int8) || !std::arch::is_x86_feature_detected!("xsave") {
+    if !(amx_tile && amx_int8 && std::arch::is_x86_feature_detected!("xsave")) {
         return false;
     }
     // SAFETY: xgetbv is available when OSXSAVE/xsave is reported (checked above).

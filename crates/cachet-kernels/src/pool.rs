@@ -55,7 +55,11 @@ impl Shared {
             if idx >= n {
                 return ran;
             }
-            if self.ticket.compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed).is_err() {
+            if self
+                .ticket
+                .compare_exchange_weak(t, t + 1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_err()
+            {
                 continue;
             }
             // SAFETY: we hold a claimed task of the current epoch, so the publisher is still
@@ -83,7 +87,9 @@ pub struct ThreadPool {
 
 impl std::fmt::Debug for ThreadPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ThreadPool").field("n_threads", &self.n_threads).finish()
+        f.debug_struct("ThreadPool")
+            .field("n_threads", &self.n_threads)
+            .finish()
     }
 }
 
@@ -111,7 +117,9 @@ fn worker_loop(shared: Arc<Shared>) {
             Err(p) => p.into_inner(),
         };
         shared.sleepers.fetch_add(1, Ordering::SeqCst);
-        if shared.ticket.load(Ordering::SeqCst) >> 32 == seen && !shared.shutdown.load(Ordering::SeqCst) {
+        if shared.ticket.load(Ordering::SeqCst) >> 32 == seen
+            && !shared.shutdown.load(Ordering::SeqCst)
+        {
             drop(shared.wake.wait(guard));
         }
         shared.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -138,14 +146,21 @@ impl ThreadPool {
         let mut workers = Vec::with_capacity(n_threads - 1);
         for i in 1..n_threads {
             let s = Arc::clone(&shared);
-            let spawned = std::thread::Builder::new().name(format!("cachet-kernel-{i}")).spawn(move || worker_loop(s));
+            let spawned = std::thread::Builder::new()
+                .name(format!("cachet-kernel-{i}"))
+                .spawn(move || worker_loop(s));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(_) => break, // run with fewer threads rather than fail
             }
         }
         let n_threads = workers.len() + 1;
-        ThreadPool { shared, workers, call_lock: Mutex::new(()), n_threads }
+        ThreadPool {
+            shared,
+            workers,
+            call_lock: Mutex::new(()),
+            n_threads,
+        }
     }
 
     /// A pool with one thread per available CPU.
@@ -174,7 +189,8 @@ impl ThreadPool {
             Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
             Err(std::sync::TryLockError::WouldBlock) => None,
         };
-        if self.workers.is_empty() || n_tasks == 1 || guard.is_none() || n_tasks > u32::MAX as usize {
+        if self.workers.is_empty() || n_tasks == 1 || guard.is_none() || n_tasks > u32::MAX as usize
+        {
             for i in 0..n_tasks {
                 f(i);
             }

@@ -451,7 +451,7 @@ pub fn dequantize_row_bytes(
     out: &mut [f32],
 ) -> Result<(), KernelError> {
     let bl = ty.block_len();
-    if out.len() % bl != 0 {
+    if !out.len().is_multiple_of(bl) {
         return Err(KernelError::InvalidShape(format!(
             "{} values is not a multiple of {bl}",
             out.len()
@@ -505,7 +505,7 @@ fn dequant_sub(s: &SubBlock, off: i32, out: &mut [f32]) {
 /// Quantize `x` (multiple of `ty.block_len()` values) into raw ggml bytes.
 pub fn quantize_row(ty: WeightType, x: &[f32]) -> Result<Vec<u8>, KernelError> {
     let bl = ty.block_len();
-    if x.len() % bl != 0 {
+    if !x.len().is_multiple_of(bl) {
         return Err(KernelError::InvalidShape(format!(
             "{} values is not a multiple of {bl}",
             x.len()
@@ -1116,7 +1116,7 @@ impl QMatrix {
             )));
         }
         let bl = ty.block_len();
-        if cols % bl != 0 {
+        if !cols.is_multiple_of(bl) {
             return Err(KernelError::InvalidShape(format!(
                 "cols {cols} is not a multiple of the {ty:?} block length {bl}"
             )));
@@ -1170,7 +1170,7 @@ impl QMatrix {
                 got: w.len(),
             });
         }
-        if cols % ty.block_len() != 0 || cols == 0 {
+        if !cols.is_multiple_of(ty.block_len()) || cols == 0 {
             return Err(KernelError::InvalidShape(format!("cols {cols} for {ty:?}")));
         }
         let mut bytes = Vec::with_capacity(rows * ty.row_bytes(cols));

@@ -12,9 +12,21 @@ use crate::quant::{Fmt, PFmt, TileJob, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP};
 
 // ------------------------------------------------------------------ activation quantization
 
-pub(crate) fn quantize_act_row(isa: Isa, x: &[f32], bk: usize, q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    debug_assert!(x.len() % bk == 0 && q.len() >= x.len() && d.len() >= x.len() / bk && s.len() >= x.len() / bk);
-    if isa >= Isa::Avx512 && bk % 16 == 0 {
+pub(crate) fn quantize_act_row(
+    isa: Isa,
+    x: &[f32],
+    bk: usize,
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+) {
+    debug_assert!(
+        x.len().is_multiple_of(bk)
+            && q.len() >= x.len()
+            && d.len() >= x.len() / bk
+            && s.len() >= x.len() / bk
+    );
+    if isa >= Isa::Avx512 && bk.is_multiple_of(16) {
         // SAFETY: AVX-512 was detected (isa <= detected); slice bounds checked above.
         unsafe { quantize_act_row_512(x, bk, q, d, s) }
     } else {
@@ -40,7 +52,10 @@ unsafe fn quantize_act_row_512(x: &[f32], bk: usize, q: &mut [i8], d: &mut [f32]
         for v in 0..vpb {
             let qi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xp.add(16 * v)), id));
             sum = _mm512_add_epi32(sum, qi);
-            _mm_storeu_si128(q.as_mut_ptr().add(b * bk + 16 * v) as *mut __m128i, _mm512_cvtsepi32_epi8(qi));
+            _mm_storeu_si128(
+                q.as_mut_ptr().add(b * bk + 16 * v) as *mut __m128i,
+                _mm512_cvtsepi32_epi8(qi),
+            );
         }
         d[b] = db;
         s[b] = db * _mm512_reduce_add_epi32(sum) as f32;
@@ -66,7 +81,11 @@ unsafe fn dot_f32_512(a: *const f32, b: *const f32, n: usize) -> f32 {
     let mut i = 0;
     while i + 64 <= n {
         for (j, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(i + 16 * j)), _mm512_loadu_ps(b.add(i + 16 * j)), *acc);
+            *acc = _mm512_fmadd_ps(
+                _mm512_loadu_ps(a.add(i + 16 * j)),
+                _mm512_loadu_ps(b.add(i + 16 * j)),
+                *acc,
+            );
         }
         i += 64;
     }
@@ -76,7 +95,11 @@ unsafe fn dot_f32_512(a: *const f32, b: *const f32, n: usize) -> f32 {
     }
     if i < n {
         let m: __mmask16 = ((1u32 << (n - i)) - 1) as __mmask16;
-        acc[1] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a.add(i)), _mm512_maskz_loadu_ps(m, b.add(i)), acc[1]);
+        acc[1] = _mm512_fmadd_ps(
+            _mm512_maskz_loadu_ps(m, a.add(i)),
+            _mm512_maskz_loadu_ps(m, b.add(i)),
+            acc[1],
+        );
     }
     let s = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
     _mm512_reduce_add_ps(s)
@@ -88,7 +111,11 @@ unsafe fn dot_f32_avx2(a: *const f32, b: *const f32, n: usize) -> f32 {
     let mut i = 0;
     while i + 32 <= n {
         for (j, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * j)), _mm256_loadu_ps(b.add(i + 8 * j)), *acc);
+            *acc = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.add(i + 8 * j)),
+                _mm256_loadu_ps(b.add(i + 8 * j)),
+                *acc,
+            );
         }
         i += 32;
     }
@@ -172,7 +199,8 @@ unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
                     for (i, acc) in acci.iter_mut().enumerate() {
                         let xp = xq0.add(i * cols + b * F::BK);
                         let al = _mm512_set1_epi32((xp.add(4 * s) as *const i32).read_unaligned());
-                        let ah = _mm512_set1_epi32((xp.add(16 + 4 * s) as *const i32).read_unaligned());
+                        let ah =
+                            _mm512_set1_epi32((xp.add(16 + 4 * s) as *const i32).read_unaligned());
                         acc[g] = _mm512_dpbusd_epi32(acc[g], lo, al);
                         acc[g] = _mm512_dpbusd_epi32(acc[g], hi, ah);
                     }
@@ -208,7 +236,11 @@ unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
             for i in 0..MR {
                 let dx = _mm512_set1_ps(*xd0.add(i * anb + b));
                 let sx = _mm512_set1_ps(*xs0.add(i * anb + b));
-                let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acci[i][g]), _mm512_mul_ps(d, dx), accf[i][g]);
+                let t = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(acci[i][g]),
+                    _mm512_mul_ps(d, dx),
+                    accf[i][g],
+                );
                 accf[i][g] = _mm512_fmadd_ps(c, sx, t);
             }
         }
@@ -244,7 +276,11 @@ unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
     let flip = _mm256_set1_epi8(-128);
     let ones = _mm256_set1_epi16(1);
     // int sums are Σ code·a for 4-bit, Σ (code-128)·a for 8-bit: c' = c + 128 d there.
-    let coff = if F::NIB { -(F::OFF as f32) } else { 128.0 - F::OFF as f32 };
+    let coff = if F::NIB {
+        -(F::OFF as f32)
+    } else {
+        128.0 - F::OFF as f32
+    };
     let coffv = _mm256_set1_ps(coff);
     let cadj = _mm256_set1_ps(if F::NIB { 0.0 } else { 128.0 });
     for g in 0..NG {
@@ -261,8 +297,11 @@ unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
                         let hi = _mm256_and_si256(_mm256_srli_epi16(pv, 4), m4);
                         for (i, acc) in acc16.iter_mut().enumerate() {
                             let xp = xq0.add(i * cols + b * F::BK);
-                            let al = _mm256_set1_epi32((xp.add(4 * s) as *const i32).read_unaligned());
-                            let ah = _mm256_set1_epi32((xp.add(16 + 4 * s) as *const i32).read_unaligned());
+                            let al =
+                                _mm256_set1_epi32((xp.add(4 * s) as *const i32).read_unaligned());
+                            let ah = _mm256_set1_epi32(
+                                (xp.add(16 + 4 * s) as *const i32).read_unaligned(),
+                            );
                             *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(lo, al));
                             *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(hi, ah));
                         }
@@ -272,13 +311,20 @@ unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
                     }
                 } else {
                     for t in 0..F::BK / 4 {
-                        let v = _mm256_xor_si256(_mm256_loadu_si256(base.add(64 * t + 32 * h) as *const __m256i), flip);
+                        let v = _mm256_xor_si256(
+                            _mm256_loadu_si256(base.add(64 * t + 32 * h) as *const __m256i),
+                            flip,
+                        );
                         let av = _mm256_sign_epi8(v, v);
                         for (i, acc) in acci.iter_mut().enumerate() {
                             let xp = xq0.add(i * cols + b * F::BK);
-                            let ax = _mm256_set1_epi32((xp.add(4 * t) as *const i32).read_unaligned());
+                            let ax =
+                                _mm256_set1_epi32((xp.add(4 * t) as *const i32).read_unaligned());
                             let sx = _mm256_sign_epi8(ax, v);
-                            *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones));
+                            *acc = _mm256_add_epi32(
+                                *acc,
+                                _mm256_madd_epi16(_mm256_maddubs_epi16(av, sx), ones),
+                            );
                         }
                     }
                 }
@@ -302,7 +348,8 @@ unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
                 for i in 0..MR {
                     let dx = _mm256_set1_ps(*xd0.add(i * anb + b));
                     let sx = _mm256_set1_ps(*xs0.add(i * anb + b));
-                    let t = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[i]), _mm256_mul_ps(d, dx), accf[i]);
+                    let t =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(acci[i]), _mm256_mul_ps(d, dx), accf[i]);
                     accf[i] = _mm256_fmadd_ps(c, sx, t);
                 }
             }
@@ -352,7 +399,9 @@ pub(crate) fn attend_group<T: KvElem>(
     t: usize,
     g: usize,
 ) -> bool {
-    let Some(is_f16) = kv_kind::<T>() else { return false };
+    let Some(is_f16) = kv_kind::<T>() else {
+        return false;
+    };
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
     if gs > 64 {
@@ -470,7 +519,10 @@ unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
     let mut x = [_mm512_setzero_ps(); 4];
     for (i, x) in x.iter_mut().enumerate() {
         let (a, b) = (_mm512_castps_pd(w[2 * i]), _mm512_castps_pd(w[2 * i + 1]));
-        *x = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+        *x = _mm512_add_ps(
+            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+        );
     }
     // x[i] holds, per 128-bit lane l, the lane-l sums of vectors 4i..4i+4.
     let z01 = _mm512_add_ps(
@@ -481,7 +533,10 @@ unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
         _mm512_shuffle_f32x4(x[2], x[3], 0b10_00_10_00),
         _mm512_shuffle_f32x4(x[2], x[3], 0b11_01_11_01),
     );
-    _mm512_add_ps(_mm512_shuffle_f32x4(z01, z23, 0b10_00_10_00), _mm512_shuffle_f32x4(z01, z23, 0b11_01_11_01))
+    _mm512_add_ps(
+        _mm512_shuffle_f32x4(z01, z23, 0b10_00_10_00),
+        _mm512_shuffle_f32x4(z01, z23, 0b11_01_11_01),
+    )
 }
 
 /// exp(x) for x <= 0 (inputs below -87 flush to ~0). Max rel. error ~2e-7.
@@ -489,7 +544,10 @@ unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
 #[inline]
 unsafe fn exp512(x: __m512) -> __m512 {
     let x = _mm512_max_ps(x, _mm512_set1_ps(-87.0));
-    let n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+    let n = _mm512_roundscale_ps(
+        _mm512_mul_ps(x, _mm512_set1_ps(std::f32::consts::LOG2_E)),
+        0x08,
+    );
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693_145_75), x);
     let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428_606_8e-6), r);
     let mut p = _mm512_set1_ps(1.0 / 720.0);
@@ -534,12 +592,20 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                     let kr = c.kb.add(kp[j + jj]);
                     let mut d = _mm512_mul_ps(qv[0], ld512(kr, c.is_f16));
                     for (i, qv) in qv.iter().enumerate().skip(1) {
-                        d = _mm512_fmadd_ps(*qv, ld512(kr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16), d);
+                        d = _mm512_fmadd_ps(
+                            *qv,
+                            ld512(kr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16),
+                            d,
+                        );
                     }
                     *dv = d;
                 }
                 let r = reduce16(&dv);
-                let m: __mmask16 = if cnt == 16 { 0xffff } else { ((1u32 << cnt) - 1) as __mmask16 };
+                let m: __mmask16 = if cnt == 16 {
+                    0xffff
+                } else {
+                    ((1u32 << cnt) - 1) as __mmask16
+                };
                 _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, r);
                 j += 16;
             }
@@ -549,14 +615,25 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 cm = cm.max(x);
             }
             let new_m = mx[h].max(cm);
-            let alpha = if mx[h] == f32::NEG_INFINITY { 0.0 } else { (mx[h] - new_m).exp() };
+            let alpha = if mx[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (mx[h] - new_m).exp()
+            };
             mx[h] = new_m;
             let nm = _mm512_set1_ps(new_m);
             let mut sum = _mm512_setzero_ps();
             let mut j = 0;
             while j < n {
-                let m: __mmask16 = if n - j >= 16 { 0xffff } else { ((1u32 << (n - j)) - 1) as __mmask16 };
-                let e = exp512(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, s.as_ptr().add(j)), nm));
+                let m: __mmask16 = if n - j >= 16 {
+                    0xffff
+                } else {
+                    ((1u32 << (n - j)) - 1) as __mmask16
+                };
+                let e = exp512(_mm512_sub_ps(
+                    _mm512_maskz_loadu_ps(m, s.as_ptr().add(j)),
+                    nm,
+                ));
                 let e = _mm512_maskz_mov_ps(m, e);
                 sum = _mm512_add_ps(sum, e);
                 _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, e);
@@ -573,7 +650,11 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 let vr = c.vb.add(kp[j]);
                 let p = _mm512_set1_ps(pj);
                 for (i, av) in av.iter_mut().enumerate() {
-                    *av = _mm512_fmadd_ps(p, ld512(vr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16), *av);
+                    *av = _mm512_fmadd_ps(
+                        p,
+                        ld512(vr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16),
+                        *av,
+                    );
                 }
             }
             acc[h * HV..(h + 1) * HV].copy_from_slice(&av);
@@ -583,7 +664,10 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     for h in 0..gs {
         let inv = _mm512_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
         for i in 0..HV {
-            _mm512_storeu_ps(c.op.add(h * hd + 16 * i), _mm512_mul_ps(acc[h * HV + i], inv));
+            _mm512_storeu_ps(
+                c.op.add(h * hd + 16 * i),
+                _mm512_mul_ps(acc[h * HV + i], inv),
+            );
         }
     }
 }
@@ -612,7 +696,10 @@ unsafe fn hsum256(v: __m256) -> f32 {
 #[inline]
 unsafe fn exp256(x: __m256) -> __m256 {
     let x = _mm256_max_ps(x, _mm256_set1_ps(-87.0));
-    let n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)), 0x08);
+    let n = _mm256_round_ps(
+        _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        0x08,
+    );
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_145_75), x);
     let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428_606_8e-6), r);
     let mut p = _mm256_set1_ps(1.0 / 720.0);
@@ -622,7 +709,10 @@ unsafe fn exp256(x: __m256) -> __m256 {
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0));
-    let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    let e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)),
+        23,
+    );
     _mm256_mul_ps(p, _mm256_castsi256_ps(e))
 }
 
@@ -660,7 +750,11 @@ unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
                 cm = cm.max(x);
             }
             let new_m = mx[h].max(cm);
-            let alpha = if mx[h] == f32::NEG_INFINITY { 0.0 } else { (mx[h] - new_m).exp() };
+            let alpha = if mx[h] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (mx[h] - new_m).exp()
+            };
             mx[h] = new_m;
             let nm = _mm256_set1_ps(new_m);
             let mut sum = 0f32;
@@ -696,7 +790,10 @@ unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
     for h in 0..gs {
         let inv = _mm256_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
         for i in 0..HV {
-            _mm256_storeu_ps(c.op.add(h * hd + 8 * i), _mm256_mul_ps(acc[h * HV + i], inv));
+            _mm256_storeu_ps(
+                c.op.add(h * hd + 8 * i),
+                _mm256_mul_ps(acc[h * HV + i], inv),
+            );
         }
     }
 }

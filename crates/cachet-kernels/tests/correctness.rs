@@ -1,4 +1,5 @@
 //! Kernels vs scalar references, on every ISA level this CPU supports.
+#![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use std::sync::Mutex;
 
