@@ -563,7 +563,8 @@ pub async fn log_stats_loop(metrics: MetricsHandle, interval: Duration) {
         ticker.tick().await;
         let now = tokio::time::Instant::now();
         let snap = metrics.snapshot();
-        let (active, line) = format_log_line(&last, &snap, now.duration_since(last_time).as_secs_f64());
+        let (active, line) =
+            format_log_line(&last, &snap, now.duration_since(last_time).as_secs_f64());
         if active || last_active {
             tracing::info!("{line}");
         } else {
@@ -581,7 +582,11 @@ mod tests {
 
     #[test]
     fn log_line_like_vllm() {
-        let prev = MetricsSnapshot { prompt_tokens: 100, generation_tokens: 10, ..Default::default() };
+        let prev = MetricsSnapshot {
+            prompt_tokens: 100,
+            generation_tokens: 10,
+            ..Default::default()
+        };
         let cur = MetricsSnapshot {
             prompt_tokens: 300,
             generation_tokens: 60,
@@ -600,7 +605,10 @@ mod tests {
              tokens/s, Running: 2 reqs, Waiting: 1 reqs, KV cache usage: 25.0%, Prefix cache hit \
              rate: 25.0%"
         );
-        let idle = MetricsSnapshot { num_requests_running: 0, ..cur.clone() };
+        let idle = MetricsSnapshot {
+            num_requests_running: 0,
+            ..cur.clone()
+        };
         assert!(!format_log_line(&idle, &idle, 1.0).0);
     }
 

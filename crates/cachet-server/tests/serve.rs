@@ -20,47 +20,88 @@ fn http_post(path: &str, body: &serde_json::Value) -> Vec<u8> {
     .into_bytes()
 }
 
-async fn start_listener(h: &Harness) -> (std::net::SocketAddr, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<Result<(), cachet_server::ServeError>>) {
+async fn start_listener(
+    h: &Harness,
+) -> (
+    std::net::SocketAddr,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), cachet_server::ServeError>>,
+) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let args = ServerArgs { enable_per_request_metrics: true, log_stats_interval: 0.05, ..ServerArgs::default() };
-    let task = tokio::spawn(serve_on(listener, args, h.engine.clone(), h.metrics.clone(), async move {
-        let _ = rx.await;
-    }));
+    let args = ServerArgs {
+        enable_per_request_metrics: true,
+        log_stats_interval: 0.05,
+        ..ServerArgs::default()
+    };
+    let task = tokio::spawn(serve_on(
+        listener,
+        args,
+        h.engine.clone(),
+        h.metrics.clone(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
     (addr, tx, task)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn graceful_shutdown_drains_running_requests() {
-    let h = start(Opts { step_ms: 5, ..Opts::default() });
+    let h = start(Opts {
+        step_ms: 5,
+        ..Opts::default()
+    });
     let (addr, stop, task) = start_listener(&h).await;
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let body = json!({"prompt": "drain me", "max_tokens": 40, "ignore_eos": true, "stream": true});
-    conn.write_all(&http_post("/v1/completions", &body)).await.unwrap();
+    conn.write_all(&http_post("/v1/completions", &body))
+        .await
+        .unwrap();
     let mut first = [0u8; 64];
     let n = conn.read(&mut first).await.unwrap();
-    assert!(std::str::from_utf8(&first[..n]).unwrap().starts_with("HTTP/1.1 200"));
+    assert!(std::str::from_utf8(&first[..n])
+        .unwrap()
+        .starts_with("HTTP/1.1 200"));
     stop.send(()).unwrap();
     let mut rest = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut rest)).await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
     let text = String::from_utf8_lossy(&rest);
     assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
     assert!(text.contains("data: [DONE]"), "{text}");
-    tokio::time::timeout(Duration::from_secs(20), task).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     // The engine no longer accepts work, and the listener is closed.
     assert!(TcpStream::connect(addr).await.is_err());
     let m = h.scrape().await;
-    assert_eq!(m.get("vllm:request_success_total", &[("finished_reason", "length")]), 1.0);
+    assert_eq!(
+        m.get(
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        ),
+        1.0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_disconnect_mid_stream_aborts() {
-    let h = start(Opts { step_ms: 5, ..Opts::default() });
+    let h = start(Opts {
+        step_ms: 5,
+        ..Opts::default()
+    });
     let (addr, stop, task) = start_listener(&h).await;
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let body = json!({"max_tokens": 300, "stream": true, "messages": [{"role": "user", "content": "bye"}]});
-    conn.write_all(&http_post("/v1/messages", &body)).await.unwrap();
+    conn.write_all(&http_post("/v1/messages", &body))
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 4096];
     let mut got = String::new();
     while !got.contains("content_block_delta") {
@@ -70,7 +111,10 @@ async fn tcp_disconnect_mid_stream_aborts() {
     }
     drop(conn);
     h.wait_metrics("the abort", |m| {
-        m.get("vllm:request_success_total", &[("finished_reason", "abort")]) == 1.0
+        m.get(
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")],
+        ) == 1.0
             && m.val("vllm:num_requests_running") == 0
             && m.get("vllm:kv_cache_usage_perc", &[]) == 0.0
     })
