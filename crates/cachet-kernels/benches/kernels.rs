@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+use cachet_kernels::attention::{paged_attention, paged_attention_parallel, PagedAttnArgs};
 use cachet_kernels::{QMatrix, ThreadPool, WeightType};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
@@ -175,6 +175,7 @@ fn bench_model(c: &mut Criterion) {
 
 /// Batch-1 decode attention of one layer at several depths (9 heads, 3 kv heads, hd 64).
 fn bench_attention(c: &mut Criterion) {
+    let pool = pool();
     let mut rng = StdRng::seed_from_u64(3);
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
     let mut g = c.benchmark_group("attention");

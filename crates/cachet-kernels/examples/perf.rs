@@ -92,7 +92,67 @@ fn model(pool: &ThreadPool, m: usize) {
     );
 }
 
+fn attention(depth: usize) {
+    use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+    let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
+    let ctx = depth + 1;
+    let nblk = ctx.div_ceil(bs);
+    let table: Vec<u32> = (0..nblk as u32).rev().collect();
+    let n = nblk * bs * nkv * hd;
+    let kf: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let vf: Vec<f32> = (0..n)
+        .map(|i| ((i * 104729) % 1000) as f32 / 500.0 - 1.0)
+        .collect();
+    let kh: Vec<f16> = kf.iter().map(|&v| f16::from_f32(v)).collect();
+    let vh: Vec<f16> = vf.iter().map(|&v| f16::from_f32(v)).collect();
+    let q: Vec<f32> = (0..nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
+    let mut out = vec![0f32; nh * hd];
+    let args = PagedAttnArgs {
+        block_table: &table,
+        block_size: bs,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        start_pos: depth,
+        n_tokens: 1,
+        scale: 0.125,
+    };
+    let iters = 2000;
+    let c0 = cpu_time();
+    for _ in 0..iters {
+        paged_attention(&args, &q, &kf, &vf, &mut out);
+    }
+    let c1 = cpu_time();
+    for _ in 0..iters {
+        paged_attention(&args, &q, &kh, &vh, &mut out);
+    }
+    let c2 = cpu_time();
+    let pool = ThreadPool::new(2);
+    let t0 = Instant::now();
+    for _ in 0..iters {
+        cachet_kernels::attention::paged_attention_parallel(&pool, &args, &q, &kh, &vh, &mut out);
+    }
+    let par = t0.elapsed().as_secs_f64() / iters as f64;
+    println!(
+        "attention depth {depth}: f16 parallel (2 threads) {:.1} us wall",
+        par * 1e6
+    );
+    println!(
+        "attention depth {depth}: f32 {:.1} us, f16 {:.1} us (cpu time per layer call)",
+        (c1 - c0) / iters as f64 * 1e6,
+        (c2 - c1) / iters as f64 * 1e6
+    );
+}
+
 fn main() {
+    if let Ok(ds) = std::env::var("ATTN") {
+        for d in ds.split(',').filter_map(|v| v.parse().ok()) {
+            attention(d);
+        }
+        return;
+    }
     if let Ok(ms) = std::env::var("MODEL") {
         let threads: usize = std::env::var("T")
             .ok()

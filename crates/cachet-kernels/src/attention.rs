@@ -73,16 +73,33 @@ pub fn paged_attention<T: KvElem>(
     out: &mut [f32],
 ) {
     check_args(args, q, k, v, out);
-    let n_groups = args.n_kv_heads;
     let isa = isa::active();
+    let gs = args.n_heads / args.n_kv_heads;
+    let mut part = vec![0f32; gs * (args.head_dim + 2)];
     for t in 0..args.n_tokens {
-        for g in 0..n_groups {
-            attend_group(isa, args, q, k, v, out, t, g);
+        for g in 0..args.n_kv_heads {
+            attend_part(
+                isa,
+                args,
+                q,
+                k,
+                v,
+                t,
+                g,
+                (0, args.start_pos + t + 1),
+                &mut part,
+            );
+            finalize(args, &part, t, g, out);
         }
     }
 }
 
-/// Like [`paged_attention`], with (token, kv-head) work items spread over `pool`.
+/// Positions per context segment below which decode attention is not split further.
+const MIN_SEGMENT: usize = 128;
+
+/// Like [`paged_attention`], parallel over `pool`: work items are (token, kv head) pairs,
+/// and when there are fewer of those than threads (batch-1 decode) each context is also
+/// split into segments whose partial softmax results are merged (flash-decoding).
 pub fn paged_attention_parallel<T: KvElem>(
     pool: &ThreadPool,
     args: &PagedAttnArgs,
@@ -93,17 +110,87 @@ pub fn paged_attention_parallel<T: KvElem>(
 ) {
     check_args(args, q, k, v, out);
     let isa = isa::active();
-    let n_items = args.n_tokens * args.n_kv_heads;
-    let op = SendPtr(out.as_mut_ptr());
-    let out_len = out.len();
-    pool.parallel_for(n_items, &|item| {
-        let (t, g) = (item / args.n_kv_heads, item % args.n_kv_heads);
-        // SAFETY: each (t, g) item writes only the rows of `out` belonging to token t and the
-        // query heads of group g, which are disjoint across items; we rebuild a full-length
-        // slice but `attend_group` touches only that item's rows.
-        let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
-        attend_group(isa, args, q, k, v, out, t, g);
+    let a = args;
+    let gs = a.n_heads / a.n_kv_heads;
+    let stride = gs * (a.head_dim + 2);
+    let pairs = a.n_tokens * a.n_kv_heads;
+    let nt = pool.n_threads();
+    let ctx_max = a.start_pos + a.n_tokens;
+    let segs = if pairs >= 2 * nt || nt == 1 {
+        1
+    } else {
+        (2 * nt).div_ceil(pairs).min(ctx_max / MIN_SEGMENT).max(1)
+    };
+    if segs == 1 {
+        let op = SendPtr(out.as_mut_ptr());
+        let out_len = out.len();
+        pool.parallel_for(pairs, &|item| {
+            let (t, g) = (item / a.n_kv_heads, item % a.n_kv_heads);
+            let mut part = vec![0f32; stride];
+            attend_part(isa, a, q, k, v, t, g, (0, a.start_pos + t + 1), &mut part);
+            // SAFETY: item (t, g) writes only token t's rows of the heads of group g, which
+            // are disjoint across items; `out` outlives the parallel_for.
+            let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
+            finalize(a, &part, t, g, out);
+        });
+        return;
+    }
+    let mut parts = vec![0f32; pairs * segs * stride];
+    let pp = SendPtr(parts.as_mut_ptr());
+    pool.parallel_for(pairs * segs, &|item| {
+        let (pair, seg) = (item / segs, item % segs);
+        let (t, g) = (pair / a.n_kv_heads, pair % a.n_kv_heads);
+        let ctx = a.start_pos + t + 1;
+        let len = ctx.div_ceil(segs);
+        let p0 = (seg * len).min(ctx);
+        let p1 = ((seg + 1) * len).min(ctx);
+        // SAFETY: each item owns the disjoint slice `item * stride..(item + 1) * stride`.
+        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * stride), stride) };
+        attend_part(isa, a, q, k, v, t, g, (p0, p1), part);
     });
+    let hd = a.head_dim;
+    let mut merged = vec![0f32; stride];
+    for pair in 0..pairs {
+        let (t, g) = (pair / a.n_kv_heads, pair % a.n_kv_heads);
+        for h in 0..gs {
+            let mut m = f32::NEG_INFINITY;
+            for seg in 0..segs {
+                m = m.max(parts[(pair * segs + seg) * stride + h * (hd + 2)]);
+            }
+            let (mut l, mo) = (0f32, h * (hd + 2));
+            merged[mo + 2..mo + 2 + hd]
+                .iter_mut()
+                .for_each(|x| *x = 0.0);
+            for seg in 0..segs {
+                let p = &parts[(pair * segs + seg) * stride + mo..][..hd + 2];
+                if p[0] == f32::NEG_INFINITY {
+                    continue; // empty segment
+                }
+                let w = (p[0] - m).exp();
+                l += p[1] * w;
+                for (o, x) in merged[mo + 2..mo + 2 + hd].iter_mut().zip(&p[2..]) {
+                    *o += x * w;
+                }
+            }
+            merged[mo] = m;
+            merged[mo + 1] = l;
+        }
+        finalize(a, &merged, t, g, out);
+    }
+}
+
+/// Normalise a partial result (`[m, l, acc[hd]]` per head) into `out`.
+fn finalize(a: &PagedAttnArgs, part: &[f32], t: usize, g: usize, out: &mut [f32]) {
+    let hd = a.head_dim;
+    let gs = a.n_heads / a.n_kv_heads;
+    for h in 0..gs {
+        let p = &part[h * (hd + 2)..][..hd + 2];
+        let inv = if p[1] > 0.0 { 1.0 / p[1] } else { 0.0 };
+        let o = &mut out[(t * a.n_heads + g * gs + h) * hd..][..hd];
+        for (o, x) in o.iter_mut().zip(&p[2..]) {
+            *o = x * inv;
+        }
+    }
 }
 
 fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &mut [f32]) {
@@ -135,46 +222,49 @@ fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &mut [f
     }
 }
 
-/// Attention of all query heads in kv group `g` for query token `t`.
+/// Partial attention of all query heads in kv group `g` for query token `t` over positions
+/// `p0..p1`: writes `[m, l, acc[head_dim]]` per head into `part`.
 #[allow(clippy::too_many_arguments)]
-fn attend_group<T: KvElem>(
+fn attend_part<T: KvElem>(
     isa: Isa,
     a: &PagedAttnArgs,
     q: &[f32],
     k: &[T],
     v: &[T],
-    out: &mut [f32],
     t: usize,
     g: usize,
+    range: (usize, usize),
+    part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, out, t, g) {
+    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, t, g, range, part) {
         return;
     }
     let _ = isa;
-    attend_group_scalar(a, q, k, v, out, t, g);
+    attend_part_scalar(a, q, k, v, t, g, range, part);
 }
 
-fn attend_group_scalar<T: KvElem>(
+#[allow(clippy::too_many_arguments)]
+fn attend_part_scalar<T: KvElem>(
     a: &PagedAttnArgs,
     q: &[f32],
     k: &[T],
     v: &[T],
-    out: &mut [f32],
     t: usize,
     g: usize,
+    (p0, p1): (usize, usize),
+    part: &mut [f32],
 ) {
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
-    let ctx = a.start_pos + t + 1;
     let row = a.n_kv_heads * hd;
     let mut m = vec![f32::NEG_INFINITY; gs];
     let mut l = vec![0f32; gs];
     let mut acc = vec![0f32; gs * hd];
     let mut s = vec![0f32; gs * CHUNK];
-    let mut c0 = 0;
-    while c0 < ctx {
-        let n = (ctx - c0).min(CHUNK);
+    let mut c0 = p0;
+    while c0 < p1 {
+        let n = (p1 - c0).min(CHUNK);
         for j in 0..n {
             let p = c0 + j;
             let off = (a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size)
@@ -226,11 +316,10 @@ fn attend_group_scalar<T: KvElem>(
         c0 += n;
     }
     for h in 0..gs {
-        let inv = if l[h] > 0.0 { 1.0 / l[h] } else { 0.0 };
-        let o = &mut out[(t * a.n_heads + g * gs + h) * hd..][..hd];
-        for (o, x) in o.iter_mut().zip(&acc[h * hd..(h + 1) * hd]) {
-            *o = x * inv;
-        }
+        let p = &mut part[h * (hd + 2)..][..hd + 2];
+        p[0] = m[h];
+        p[1] = l[h];
+        p[2..].copy_from_slice(&acc[h * hd..(h + 1) * hd]);
     }
 }
 

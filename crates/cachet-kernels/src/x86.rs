@@ -395,9 +395,10 @@ pub(crate) fn attend_group<T: KvElem>(
     q: &[f32],
     k: &[T],
     v: &[T],
-    out: &mut [f32],
     t: usize,
     g: usize,
+    (p0, p1): (usize, usize),
+    part: &mut [f32],
 ) -> bool {
     let Some(is_f16) = kv_kind::<T>() else {
         return false;
@@ -408,14 +409,16 @@ pub(crate) fn attend_group<T: KvElem>(
         return false;
     }
     let row = a.n_kv_heads * hd;
-    let ctx = a.start_pos + t + 1;
+    if part.len() < gs * (hd + 2) || p1 > a.start_pos + t + 1 || p0 > p1 {
+        return false;
+    }
     // Row pointers are computed from the block table; bounds were checked by the caller
     // (check_args: every block id < arena blocks, q/out long enough).
     let kb = k.as_ptr() as *const u8;
     let vb = v.as_ptr() as *const u8;
     let esz = if is_f16 { 2 } else { 4 };
     let qp = q.as_ptr().wrapping_add((t * a.n_heads + g * gs) * hd);
-    let op = out.as_mut_ptr().wrapping_add((t * a.n_heads + g * gs) * hd);
+    let op = part.as_mut_ptr();
     let ctxs = AttnCtx {
         kb,
         vb,
@@ -423,7 +426,8 @@ pub(crate) fn attend_group<T: KvElem>(
         bs: a.block_size,
         row_bytes: row * esz,
         goff: g * hd * esz,
-        ctx,
+        p0,
+        ctx: p1,
         gs,
         hd,
         scale: a.scale,
@@ -477,7 +481,9 @@ struct AttnCtx<'a> {
     hd: usize,
     scale: f32,
     qp: *const f32,
+    /// Partial output: per head `[m, l, acc[hd]]` (running max, sum, unnormalised P·V).
     op: *mut f32,
+    p0: usize,
     is_f16: bool,
 }
 
@@ -561,42 +567,61 @@ unsafe fn exp512(x: __m512) -> __m512 {
 }
 
 /// AVX-512 attention for one (token, kv group): `HV` = head_dim / 16 vectors per row.
-/// Per chunk of positions: scores for every head of the group (K rows come from memory
-/// once, then L1), one online-softmax rescale per chunk, then P·V with the head's
-/// accumulator in registers.
+/// Per chunk of positions: f16 K/V rows are converted once into an f32 scratch (shared by
+/// all heads of the group); scores for 16 positions at a time with a transposed reduction;
+/// one online-softmax rescale per chunk; then P·V with the head's accumulators in registers.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     let hd = c.hd;
-    let gs = c.gs;
+    let gs = c.gs.min(64);
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
-    let gs = gs.min(64);
     let mut acc = vec![_mm512_setzero_ps(); gs * HV];
     let mut kp = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
-    let mut c0 = 0;
+    // f32 rows of the current chunk (used when the arena is f16)
+    let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
+    let mut kbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
+    let mut vbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
+    let mut krow = [std::ptr::null::<f32>(); CHUNK];
+    let mut vrow = [std::ptr::null::<f32>(); CHUNK];
+    let mut c0 = c.p0;
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
         c.offsets(c0, &mut kp[..n]);
+        for j in 0..CHUNK {
+            let jj = if j < n { j } else { 0 };
+            if c.is_f16 {
+                if j < n {
+                    let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
+                    for i in 0..HV {
+                        kbuf[j * HV + i] = ld512(kr.add(32 * i), true);
+                        vbuf[j * HV + i] = ld512(vr.add(32 * i), true);
+                    }
+                }
+                krow[j] = kbuf.as_ptr().add(jj * HV) as *const f32;
+                vrow[j] = vbuf.as_ptr().add(jj * HV) as *const f32;
+            } else {
+                krow[j] = c.kb.add(kp[jj]) as *const f32;
+                vrow[j] = c.vb.add(kp[jj]) as *const f32;
+            }
+        }
         for h in 0..gs {
             let qh = c.qp.add(h * hd);
             let mut qv = [_mm512_setzero_ps(); HV];
             for (i, qv) in qv.iter_mut().enumerate() {
                 *qv = _mm512_mul_ps(_mm512_loadu_ps(qh.add(16 * i)), _mm512_set1_ps(c.scale));
             }
+            let mut cmax = _mm512_set1_ps(f32::NEG_INFINITY);
             let mut j = 0;
             while j < n {
                 let cnt = (n - j).min(16);
                 let mut dv = [_mm512_setzero_ps(); 16];
-                for (jj, dv) in dv.iter_mut().enumerate().take(cnt) {
-                    let kr = c.kb.add(kp[j + jj]);
-                    let mut d = _mm512_mul_ps(qv[0], ld512(kr, c.is_f16));
+                for (jj, dv) in dv.iter_mut().enumerate() {
+                    let kr = krow[j + jj];
+                    let mut d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                     for (i, qv) in qv.iter().enumerate().skip(1) {
-                        d = _mm512_fmadd_ps(
-                            *qv,
-                            ld512(kr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16),
-                            d,
-                        );
+                        d = _mm512_fmadd_ps(*qv, _mm512_loadu_ps(kr.add(16 * i)), d);
                     }
                     *dv = d;
                 }
@@ -606,15 +631,12 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 } else {
                     ((1u32 << cnt) - 1) as __mmask16
                 };
+                cmax = _mm512_mask_max_ps(cmax, m, cmax, r);
                 _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, r);
                 j += 16;
             }
             // online softmax over the chunk
-            let mut cm = f32::NEG_INFINITY;
-            for &x in &s[..n] {
-                cm = cm.max(x);
-            }
-            let new_m = mx[h].max(cm);
+            let new_m = mx[h].max(_mm512_reduce_max_ps(cmax));
             let alpha = if mx[h] == f32::NEG_INFINITY {
                 0.0
             } else {
@@ -636,38 +658,45 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 ));
                 let e = _mm512_maskz_mov_ps(m, e);
                 sum = _mm512_add_ps(sum, e);
-                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, e);
+                _mm512_storeu_ps(s.as_mut_ptr().add(j), e);
                 j += 16;
             }
             lsum[h] = lsum[h] * alpha + _mm512_reduce_add_ps(sum);
-            // P·V
-            let mut av = [_mm512_setzero_ps(); HV];
+            // P·V with two accumulator sets (even/odd positions) to hide FMA latency
             let al = _mm512_set1_ps(alpha);
-            for (i, av) in av.iter_mut().enumerate() {
-                *av = _mm512_mul_ps(acc[h * HV + i], al);
+            let mut a0 = [_mm512_setzero_ps(); HV];
+            let mut a1 = [_mm512_setzero_ps(); HV];
+            for (i, a0) in a0.iter_mut().enumerate() {
+                *a0 = _mm512_mul_ps(acc[h * HV + i], al);
             }
-            for (j, &pj) in s.iter().enumerate().take(n) {
-                let vr = c.vb.add(kp[j]);
-                let p = _mm512_set1_ps(pj);
-                for (i, av) in av.iter_mut().enumerate() {
-                    *av = _mm512_fmadd_ps(
-                        p,
-                        ld512(vr.add(16 * i * if c.is_f16 { 2 } else { 4 }), c.is_f16),
-                        *av,
-                    );
+            let mut j = 0;
+            while j + 2 <= n {
+                let (p0, p1) = (_mm512_set1_ps(s[j]), _mm512_set1_ps(s[j + 1]));
+                let (v0, v1) = (vrow[j], vrow[j + 1]);
+                for i in 0..HV {
+                    a0[i] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0.add(16 * i)), a0[i]);
+                    a1[i] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1.add(16 * i)), a1[i]);
+                }
+                j += 2;
+            }
+            if j < n {
+                let p0 = _mm512_set1_ps(s[j]);
+                for (i, a0) in a0.iter_mut().enumerate() {
+                    *a0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vrow[j].add(16 * i)), *a0);
                 }
             }
-            acc[h * HV..(h + 1) * HV].copy_from_slice(&av);
+            for i in 0..HV {
+                acc[h * HV + i] = _mm512_add_ps(a0[i], a1[i]);
+            }
         }
         c0 += n;
     }
     for h in 0..gs {
-        let inv = _mm512_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
+        let ph = c.op.add(h * (hd + 2));
+        *ph = mx[h];
+        *ph.add(1) = lsum[h];
         for i in 0..HV {
-            _mm512_storeu_ps(
-                c.op.add(h * hd + 16 * i),
-                _mm512_mul_ps(acc[h * HV + i], inv),
-            );
+            _mm512_storeu_ps(ph.add(2 + 16 * i), acc[h * HV + i]);
         }
     }
 }
@@ -727,7 +756,7 @@ unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
     let mut kp = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
     let esz = if c.is_f16 { 2 } else { 4 };
-    let mut c0 = 0;
+    let mut c0 = c.p0;
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
         c.offsets(c0, &mut kp[..n]);
@@ -788,12 +817,11 @@ unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
         c0 += n;
     }
     for h in 0..gs {
-        let inv = _mm256_set1_ps(if lsum[h] > 0.0 { 1.0 / lsum[h] } else { 0.0 });
+        let ph = c.op.add(h * (hd + 2));
+        *ph = mx[h];
+        *ph.add(1) = lsum[h];
         for i in 0..HV {
-            _mm256_storeu_ps(
-                c.op.add(h * hd + 8 * i),
-                _mm256_mul_ps(acc[h * HV + i], inv),
-            );
+            _mm256_storeu_ps(ph.add(2 + 8 * i), acc[h * HV + i]);
         }
     }
 }

@@ -471,6 +471,10 @@ fn paged_attention_all_isas() {
             (8, 2, 128, 32, 70, 3),
             (6, 1, 48, 5, 13, 4),
             (2, 1, 20, 3, 7, 2),
+            // long contexts: the parallel version splits them into merged segments
+            (9, 3, 64, 16, 700, 1),
+            (8, 1, 64, 16, 1000, 1),
+            (4, 2, 32, 7, 400, 2),
         ] {
             check_attention::<f32>(&pool, nh, nkv, hd, bs, start, n, 5 + start as u64);
             check_attention::<f16>(&pool, nh, nkv, hd, bs, start, n, 6 + start as u64);
