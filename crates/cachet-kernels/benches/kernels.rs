@@ -213,6 +213,9 @@ fn bench_attention(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("f16", depth), |b| {
             b.iter(|| paged_attention(&args, &q, &kh, &vh, &mut out))
         });
+        g.bench_function(BenchmarkId::new("f16_parallel", depth), |b| {
+            b.iter(|| paged_attention_parallel(&pool, &args, &q, &kh, &vh, &mut out))
+        });
     }
     g.finish();
 }
