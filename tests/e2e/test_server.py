@@ -294,3 +294,104 @@ def test_real_model_smoke():
         assert json.loads(r2.model_dump_json())["usage"]["prompt_tokens"] == r1.usage.prompt_tokens
     finally:
         s.stop()
+
+
+# --- lifecycle: disconnects, request ids, SIGTERM ------------------------------------------
+
+SLOW = ["--sim-decode-us-per-seq", "3000"]
+
+
+def _metric(server, name: str, **labels) -> float:
+    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.startswith(name):
+            continue
+        head, value = line.rsplit(" ", 1)
+        if head.split("{")[0] != name:
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def _wait(pred, what: str, timeout: float = 20.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def test_client_disconnect_aborts_and_frees_blocks():
+    s = start_server(["--log-stats-interval", "0.5"], executor_args=["--executor", "sim", "--block-size", str(BLOCK_SIZE), *SLOW])
+    try:
+        body = {"model": s.model(), "max_tokens": 400, "stream": True, "messages": [{"role": "user", "content": unique()}]}
+        with requests.post(f"{s.base_url}/v1/chat/completions", json=body, stream=True, timeout=30) as r:
+            assert r.status_code == 200
+            lines = r.iter_lines()
+            for _ in range(3):
+                next(lines)
+        _wait(lambda: _metric(s, "vllm:request_success_total", finished_reason="abort") == 1.0, "the abort")
+        _wait(lambda: _metric(s, "vllm:num_requests_running") == 0 and _metric(s, "vllm:kv_cache_usage_perc") == 0, "free blocks")
+        assert _metric(s, "vllm:prefix_cache_queries_total") > 0
+    finally:
+        s.stop()
+
+
+def test_request_id_header_round_trip(server):
+    rid = "e2e-" + uuid.uuid4().hex
+    r = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        json={"model": server.model(), "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]},
+        headers={"X-Request-Id": rid},
+        timeout=30,
+    )
+    assert r.status_code == 200
+    assert r.headers["x-request-id"] == rid
+    assert r.json()["id"] == rid
+    r = requests.post(f"{server.base_url}/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=30)
+    assert r.headers["x-request-id"] == r.json()["id"] and r.json()["id"].startswith("cmpl-")
+
+
+def test_stop_sequences_via_sdks(server):
+    c = oai(server)
+    prompt = unique()
+    full = c.completions.create(model=server.model(), prompt=prompt, max_tokens=40, temperature=0, extra_body={"ignore_eos": True})
+    text = full.choices[0].text
+    stop = text[8:11]
+    cut = c.completions.create(model=server.model(), prompt=prompt, max_tokens=40, temperature=0, stop=[stop], extra_body={"ignore_eos": True})
+    assert cut.choices[0].text == text[: text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        ch.choices[0].text
+        for ch in c.completions.create(
+            model=server.model(), prompt=prompt, max_tokens=40, temperature=0, stop=stop, stream=True, extra_body={"ignore_eos": True}
+        )
+        if ch.choices
+    )
+    assert streamed == text[: text.index(stop)]
+
+
+def test_sigterm_drains_running_requests():
+    import signal
+    import threading
+
+    s = start_server([], executor_args=["--executor", "sim", "--block-size", str(BLOCK_SIZE), *SLOW])
+    try:
+        body = {"model": s.model(), "prompt": unique(), "max_tokens": 60, "stream": True, "ignore_eos": True}
+        got: list[str] = []
+        with requests.post(f"{s.base_url}/v1/completions", json=body, stream=True, timeout=60) as r:
+            lines = r.iter_lines(decode_unicode=True)
+            got.append(next(lines))
+            threading.Timer(0.05, lambda: s.proc.send_signal(signal.SIGTERM)).start()
+            got.extend(line for line in lines)
+        data = [line for line in got if line.startswith("data: ")]
+        assert data[-1] == "data: [DONE]"
+        assert json.loads(data[-2][6:])["choices"][0]["finish_reason"] == "length"
+        assert s.proc.wait(timeout=30) == 0
+    finally:
+        s.stop()
