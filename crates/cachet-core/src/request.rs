@@ -81,6 +81,9 @@ pub struct NewRequest {
     pub skip_prefix_cache_read: bool,
     /// Arrival time in seconds on the engine's clock.
     pub arrival_time: f64,
+    /// Resumable session (spec §5): keep this request's KV when it finishes, and continue a
+    /// parked session of this id when `prompt` extends its retained tokens.
+    pub session_id: Option<String>,
 }
 
 impl NewRequest {
@@ -98,6 +101,7 @@ impl NewRequest {
             priority: 0,
             skip_prefix_cache_read: false,
             arrival_time: 0.0,
+            session_id: None,
         }
     }
 }

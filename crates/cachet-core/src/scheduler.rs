@@ -47,6 +47,10 @@ pub struct SchedulerConfig {
     pub eos_token_ids: Vec<TokenId>,
     /// Reporting on or off. Off: every counter and stat stays zero; decisions are identical.
     pub telemetry: bool,
+    /// A parked session idle longer than this (seconds) is released.
+    pub session_idle_timeout_s: f64,
+    /// Most blocks all parked sessions may hold; the least recently used are released first.
+    pub session_kv_budget_blocks: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +66,8 @@ impl Default for SchedulerConfig {
             policy: SchedulingPolicy::Fcfs,
             eos_token_ids: Vec::new(),
             telemetry: true,
+            session_idle_timeout_s: 300.0,
+            session_kv_budget_blocks: 512,
         }
     }
 }
@@ -81,6 +87,43 @@ pub enum AddRequestError {
     CannotFit { needed: usize, available: usize },
     #[error("a request with id {0:?} is already live")]
     DuplicateId(String),
+    #[error("session {0:?} already has a turn in flight")]
+    SessionBusy(String),
+}
+
+/// How a session turn was served (spec §5), reported with its first and final outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SessionReport {
+    pub session_id: Arc<str>,
+    /// This turn continued the parked session's KV (false: new or fallen-back session).
+    pub continued: bool,
+    /// 1 for the first turn of a session.
+    pub turn: u32,
+    /// Tokens whose KV was kept from earlier turns (not looked up, not computed).
+    pub retained_tokens: u64,
+    /// Tokens of the whole prompt the turn was sent with (retained + this chunk).
+    pub total_prompt_tokens: u64,
+    /// Sum of every turn's chunk stats, this one included.
+    pub cumulative: PrefillStats,
+}
+
+impl SessionReport {
+    /// Tokens of the whole prompt whose KV was not computed for this turn (retained or hit):
+    /// the `cached` figure of the turn's API usage.
+    pub fn turn_cached_tokens(&self, chunk: &PrefillStats) -> u64 {
+        self.retained_tokens + chunk.cached_tokens
+    }
+}
+
+/// A finished session turn whose KV is kept for the next one.
+#[derive(Debug)]
+struct ParkedSession {
+    /// Tokens whose KV is valid (the last sampled token, never computed, is dropped).
+    tokens: Vec<TokenId>,
+    kv: ReqKv,
+    parked_at: f64,
+    cumulative: PrefillStats,
+    turns: u32,
 }
 
 /// One request's work in a step.
@@ -127,6 +170,8 @@ pub struct RequestUpdate {
     pub finish: Option<FinishReason>,
     /// Set on the update carrying the first output token, and on the final update.
     pub prefill_stats: Option<PrefillStats>,
+    /// For session turns: set with `prefill_stats`.
+    pub session: Option<SessionReport>,
 }
 
 /// Latency samples observed in a step (seconds).
@@ -166,6 +211,18 @@ struct Request {
     first_token: Option<f64>,
     last_token: f64,
     num_preemptions: u64,
+    session: Option<SessionState>,
+}
+
+#[derive(Debug)]
+struct SessionState {
+    id: Arc<str>,
+    /// The first admission continues retained KV (no lookup; logical counts exclude it).
+    continuation: bool,
+    continued: bool,
+    retained: usize,
+    base: PrefillStats,
+    turn: u32,
 }
 
 pub struct Scheduler {
@@ -181,6 +238,8 @@ pub struct Scheduler {
     totals: CounterTotals,
     finished: Vec<FinishedRequestStats>,
     samples: LatencySamples,
+    parked: HashMap<Arc<str>, ParkedSession>,
+    active_sessions: HashMap<Arc<str>, u32>,
 }
 
 impl Scheduler {
@@ -205,6 +264,8 @@ impl Scheduler {
             totals: CounterTotals::default(),
             finished: Vec::new(),
             samples: LatencySamples::default(),
+            parked: HashMap::new(),
+            active_sessions: HashMap::new(),
         }
     }
 
@@ -265,6 +326,8 @@ impl Scheduler {
             cache_only_blocks: pool.num_cached_free() as u64,
             kv_token_occupancy_perc: live_tokens as f64 / (n * self.cfg.block_size as f64),
             num_blocks: pool.num_blocks() as u64,
+            parked_sessions: self.parked.len() as u64,
+            parked_session_blocks: self.parked.values().map(|p| p.kv.blocks.len() as u64).sum(),
         }
     }
 
@@ -308,7 +371,50 @@ impl Scheduler {
         if self.ids.contains_key(req.request_id.as_str()) {
             return Err(AddRequestError::DuplicateId(req.request_id));
         }
+        if let Some(sid) = &req.session_id {
+            if self.active_sessions.contains_key(sid.as_str()) {
+                return Err(AddRequestError::SessionBusy(sid.clone()));
+            }
+        }
         let id: Arc<str> = Arc::from(req.request_id);
+        let extra = ExtraKeys {
+            adapter: req.adapter,
+            cache_salt: req.cache_salt,
+        };
+        // Resumable session: continue the parked KV when the prompt extends it under the same
+        // keys; otherwise release it (its full blocks stay cached) and start afresh.
+        let mut kv = ReqKv::new(extra.clone());
+        let mut num_computed = 0;
+        let mut session = None;
+        if let Some(sid) = req.session_id {
+            let sid: Arc<str> = Arc::from(sid);
+            let mut state = SessionState {
+                id: sid.clone(),
+                continuation: false,
+                continued: false,
+                retained: 0,
+                base: PrefillStats::default(),
+                turn: 1,
+            };
+            if let Some(mut parked) = self.parked.remove(&sid) {
+                let extends = parked.kv.extra == extra
+                    && req.prompt.len() > parked.tokens.len()
+                    && req.prompt.starts_with(&parked.tokens);
+                if extends {
+                    num_computed = parked.tokens.len();
+                    kv = parked.kv;
+                    state.continuation = true;
+                    state.continued = true;
+                    state.retained = num_computed;
+                    state.base = parked.cumulative;
+                    state.turn = parked.turns + 1;
+                } else {
+                    self.kv.free(&mut parked.kv);
+                }
+            }
+            self.active_sessions.insert(sid, 0);
+            session = Some(state);
+        }
         let request = Request {
             id: id.clone(),
             tokens: req.prompt,
@@ -318,11 +424,8 @@ impl Scheduler {
             skip_read: req.skip_prefix_cache_read,
             arrival: req.arrival_time,
             status: Status::Waiting,
-            num_computed: 0,
-            kv: ReqKv::new(ExtraKeys {
-                adapter: req.adapter,
-                cache_salt: req.cache_salt,
-            }),
+            num_computed,
+            kv,
             admitted_once: false,
             admit_seq: 0,
             stats: PrefillStats::default(),
@@ -332,6 +435,7 @@ impl Scheduler {
             first_token: None,
             last_token: req.arrival_time,
             num_preemptions: 0,
+            session,
         };
         let slot = match self.free_slots.pop() {
             Some(s) => {
@@ -344,8 +448,76 @@ impl Scheduler {
             }
         };
         self.ids.insert(id, slot);
+        if let Some(sid) = self
+            .slot(slot)
+            .and_then(|r| r.session.as_ref())
+            .map(|st| st.id.clone())
+        {
+            self.active_sessions.insert(sid, slot);
+        }
         self.waiting.push_back(slot);
         Ok(slot)
+    }
+
+    /// Release parked sessions idle past the timeout, then the least recently used ones until
+    /// the parked blocks fit the budget. Their full blocks stay in the prefix cache.
+    pub fn expire_sessions(&mut self, now: f64) -> usize {
+        let timeout = self.cfg.session_idle_timeout_s;
+        let mut expired: Vec<Arc<str>> = self
+            .parked
+            .iter()
+            .filter(|(_, p)| now - p.parked_at > timeout)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut held: usize = self.parked.values().map(|p| p.kv.blocks.len()).sum();
+        for k in &expired {
+            held -= self.parked.get(k).map_or(0, |p| p.kv.blocks.len());
+        }
+        if held > self.cfg.session_kv_budget_blocks {
+            let mut lru: Vec<(f64, Arc<str>, usize)> = self
+                .parked
+                .iter()
+                .filter(|(k, _)| !expired.contains(k))
+                .map(|(k, p)| (p.parked_at, k.clone(), p.kv.blocks.len()))
+                .collect();
+            lru.sort_by(|a, b| a.0.total_cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
+            for (_, k, n) in lru {
+                if held <= self.cfg.session_kv_budget_blocks {
+                    break;
+                }
+                held -= n;
+                expired.push(k);
+            }
+        }
+        for k in &expired {
+            self.release_session(k);
+        }
+        expired.len()
+    }
+
+    /// Release a parked session now (its full blocks stay cached). False if none is parked.
+    pub fn release_session(&mut self, session_id: &str) -> bool {
+        match self.parked.remove(session_id) {
+            Some(mut p) => {
+                self.kv.free(&mut p.kv);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a session is parked (its KV held).
+    pub fn is_parked(&self, session_id: &str) -> bool {
+        self.parked.contains_key(session_id)
+    }
+
+    /// Tokens whose KV a parked session holds.
+    pub fn parked_tokens(&self, session_id: &str) -> Option<&[TokenId]> {
+        self.parked.get(session_id).map(|p| p.tokens.as_slice())
+    }
+
+    pub fn has_parked_sessions(&self) -> bool {
+        !self.parked.is_empty()
     }
 
     fn slot(&self, slot: u32) -> Option<&Request> {
@@ -449,7 +621,11 @@ impl Scheduler {
         let telemetry = self.cfg.telemetry;
         let r = self.slots[slot as usize].as_mut()?;
         let total = r.tokens.len();
-        let do_lookup = self.kv.caching_enabled() && !r.skip_read;
+        // A session continuation's first admission: its retained KV is its own; no lookup, and
+        // the logical counts cover only the new chunk (spec §5).
+        let continuation = !r.admitted_once && r.session.as_ref().is_some_and(|st| st.continuation);
+        let base = if continuation { r.num_computed } else { 0 };
+        let do_lookup = self.kv.caching_enabled() && !r.skip_read && !continuation;
         let hits = if do_lookup {
             self.kv.find_cached_prefix(&mut r.kv, &r.tokens)
         } else {
@@ -471,7 +647,7 @@ impl Scheduler {
             }
         }
         let ext = ext_hashes.len() * b;
-        let num_computed = local + ext;
+        let num_computed = base + local + ext;
         let mut n = total - num_computed;
         if threshold > 0 {
             n = n.min(threshold);
@@ -493,11 +669,12 @@ impl Scheduler {
         if telemetry {
             if !r.admitted_once {
                 let cached = (local + ext) as u64;
-                r.stats.prompt_tokens = total as u64;
+                let prompt = (total - base) as u64;
+                r.stats.prompt_tokens = prompt;
                 r.stats.local_cached_tokens = local as u64;
                 r.stats.external_cached_tokens = ext as u64;
                 r.stats.cached_tokens = cached;
-                r.stats.computed_tokens = total as u64 - cached;
+                r.stats.computed_tokens = prompt - cached;
                 let t = &mut self.totals;
                 if do_lookup {
                     t.prefix_cache_queries += total as u64;
@@ -507,8 +684,8 @@ impl Scheduler {
                     t.external_prefix_cache_queries += ext_queried as u64;
                     t.external_prefix_cache_hits += ext as u64;
                 }
-                t.prompt_tokens += total as u64;
-                t.prompt_tokens_local_compute += total as u64 - cached;
+                t.prompt_tokens += prompt;
+                t.prompt_tokens_local_compute += prompt - cached;
                 t.prompt_tokens_local_cache_hit += local as u64;
                 t.prompt_tokens_external_kv_transfer += ext as u64;
                 t.prompt_tokens_cached += cached;
@@ -701,7 +878,7 @@ impl Scheduler {
                     self.totals.cache_creation_tokens += r.stats.cache_creation_tokens;
                     self.samples.ttft_s.push((now - r.arrival).max(0.0));
                 }
-                first_stats = Some(r.stats);
+                first_stats = telemetry.then_some(r.stats);
             } else if telemetry {
                 self.samples.itl_s.push((now - r.last_token).max(0.0));
             }
@@ -714,15 +891,21 @@ impl Scheduler {
                     updates.push(u);
                 }
                 None => {
-                    let id = self.slots[chunk.slot as usize]
-                        .as_ref()
-                        .map(|r| r.id.clone());
-                    if let Some(request_id) = id {
+                    let ids = self.slots[chunk.slot as usize].as_ref().map(|r| {
+                        let session = if first_stats.is_some() {
+                            Self::session_report(r, telemetry)
+                        } else {
+                            None
+                        };
+                        (r.id.clone(), session)
+                    });
+                    if let Some((request_id, session)) = ids {
                         updates.push(RequestUpdate {
                             request_id,
                             token: Some(sampled),
                             finish: None,
                             prefill_stats: first_stats,
+                            session,
                         });
                     }
                 }
@@ -768,6 +951,7 @@ impl Scheduler {
                 token: None,
                 finish: Some(reason),
                 prefill_stats: None,
+                session: None,
             };
         };
         self.free_slots.push(slot);
@@ -776,7 +960,6 @@ impl Scheduler {
             Status::Running => self.running.retain(|&s| s != slot),
             Status::Waiting => self.waiting.retain(|&s| s != slot),
         }
-        self.kv.free(&mut r.kv);
         if telemetry && r.admitted_once && !r.finalized {
             // Aborted during prefill: its stats end here, and count once.
             let start = r.first_scheduled.unwrap_or(now);
@@ -784,6 +967,32 @@ impl Scheduler {
             self.totals.cache_creation_tokens += r.stats.cache_creation_tokens;
         }
         let prefill_stats = r.admitted_once.then_some(r.stats);
+        let session = Self::session_report(&r, telemetry);
+        match r.session.as_ref() {
+            // A finished session turn keeps its KV: every token whose KV was computed (the
+            // last sampled token never was). An aborted turn releases the session.
+            Some(st) if reason != FinishReason::Abort && r.num_computed > 0 => {
+                self.active_sessions.remove(&st.id);
+                let mut tokens = r.tokens.clone();
+                tokens.truncate(r.num_computed);
+                let cumulative = session.as_ref().map(|s| s.cumulative).unwrap_or_default();
+                self.parked.insert(
+                    st.id.clone(),
+                    ParkedSession {
+                        tokens,
+                        kv: std::mem::take(&mut r.kv),
+                        parked_at: now,
+                        cumulative,
+                        turns: st.turn,
+                    },
+                );
+            }
+            Some(st) => {
+                self.active_sessions.remove(&st.id);
+                self.kv.free(&mut r.kv);
+            }
+            None => self.kv.free(&mut r.kv),
+        }
         let generation_tokens = (r.tokens.len() - r.prompt_len) as u64;
         let first_sched = r.first_scheduled.unwrap_or(now);
         let first_token = r.first_token.unwrap_or(now);
@@ -806,7 +1015,24 @@ impl Scheduler {
             token: None,
             finish: Some(reason),
             prefill_stats: if telemetry { prefill_stats } else { None },
+            session,
         }
+    }
+
+    fn session_report(r: &Request, telemetry: bool) -> Option<SessionReport> {
+        let st = r.session.as_ref()?;
+        let mut cumulative = st.base;
+        if telemetry && r.admitted_once {
+            cumulative.accumulate(&r.stats);
+        }
+        Some(SessionReport {
+            session_id: st.id.clone(),
+            continued: st.continued,
+            turn: st.turn,
+            retained_tokens: st.retained as u64,
+            total_prompt_tokens: r.prompt_len as u64,
+            cumulative,
+        })
     }
 
     /// Per-request snapshot for tests: (prompt + output tokens, blocks held).
@@ -821,6 +1047,11 @@ impl Scheduler {
     pub fn check_invariants(&self) -> Result<(), String> {
         self.kv.pool().check_invariants()?;
         let mut refs = vec![0u32; self.kv.pool().num_blocks()];
+        for p in self.parked.values() {
+            for &b in &p.kv.blocks {
+                refs[b as usize] += 1;
+            }
+        }
         for slot in self.slots.iter().flatten() {
             for &b in &slot.kv.blocks {
                 refs[b as usize] += 1;

@@ -29,6 +29,23 @@ pub struct PrefillStats {
 }
 
 impl PrefillStats {
+    /// Field-wise sum (session-cumulative stats are the sum of the chunk snapshots).
+    pub fn accumulate(&mut self, o: &PrefillStats) {
+        self.prompt_tokens += o.prompt_tokens;
+        self.local_cached_tokens += o.local_cached_tokens;
+        self.external_cached_tokens += o.external_cached_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.computed_tokens += o.computed_tokens;
+        self.cache_creation_tokens += o.cache_creation_tokens;
+        self.prefill_chunks += o.prefill_chunks;
+        self.blocks_allocated += o.blocks_allocated;
+        self.blocks_filled += o.blocks_filled;
+        self.blocks_evicted += o.blocks_evicted;
+        self.preemptions += o.preemptions;
+        self.prefill_time_ms += o.prefill_time_ms;
+        self.queue_time_ms += o.queue_time_ms;
+    }
+
     /// Spec §3 invariants; `Err` names the first violation.
     pub fn check(&self) -> Result<(), String> {
         if self.cached_tokens + self.computed_tokens != self.prompt_tokens {
@@ -158,6 +175,9 @@ pub struct Gauges {
     /// Token slots holding live requests' KV / all token slots.
     pub kv_token_occupancy_perc: f64,
     pub num_blocks: u64,
+    /// Parked resumable sessions and the blocks they hold.
+    pub parked_sessions: u64,
+    pub parked_session_blocks: u64,
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use cachet_core::scheduler::AddRequestError as CoreAddError;
+pub use cachet_core::scheduler::SessionReport;
 pub use cachet_core::stats::{CounterDeltas, FinishedRequestStats, Gauges, PrefillStats};
 pub use cachet_core::{
     Executor, FinishReason, NewRequest, Sampled, SamplingParams, SchedulerConfig,
@@ -72,6 +73,9 @@ pub struct RequestOutput {
     pub prefill_stats: Option<PrefillStats>,
     /// On the final output only.
     pub metrics: Option<RequestMetrics>,
+    /// Session turns: how the turn was served and the session-cumulative stats (with
+    /// `prefill_stats`).
+    pub session: Option<SessionReport>,
 }
 
 impl RequestOutput {
@@ -82,6 +86,7 @@ impl RequestOutput {
             finish_reason: out.update.finish,
             prefill_stats: out.update.prefill_stats,
             metrics: out.finished.as_ref().map(RequestMetrics::from_finished),
+            session: out.update.session,
         }
     }
 }
@@ -132,6 +137,7 @@ enum Command {
     Add(Box<NewRequest>, mpsc::UnboundedSender<RequestOutput>),
     Finish(String, FinishReason),
     ResetPrefixCache(oneshot::Sender<bool>),
+    ReleaseSession(String),
     Shutdown,
 }
 
@@ -139,13 +145,28 @@ struct Shared {
     cfg: EngineConfig,
     model: ModelInfo,
     tokenizer: Arc<dyn TextTokenizer>,
-    live: Mutex<HashSet<Arc<str>>>,
+    /// Live request ids and the sessions they belong to.
+    live: Mutex<Live>,
     queued: AtomicUsize,
     waiting: AtomicUsize,
     shutting_down: AtomicBool,
     gauges: watch::Sender<Gauges>,
     idle: watch::Sender<bool>,
     start: Instant,
+}
+
+#[derive(Default)]
+struct Live {
+    requests: std::collections::HashMap<Arc<str>, Option<Arc<str>>>,
+    sessions: HashSet<Arc<str>>,
+}
+
+impl Live {
+    fn remove(&mut self, id: &str) {
+        if let Some(Some(sid)) = self.requests.remove(id) {
+            self.sessions.remove(&sid);
+        }
+    }
 }
 
 /// The server's handle on the engine. Cheap to clone.
@@ -254,9 +275,16 @@ impl EngineHandle {
         let id: Arc<str> = Arc::from(req.request_id.as_str());
         {
             let mut live = sh.live.lock().unwrap_or_else(|e| e.into_inner());
-            if !live.insert(id.clone()) {
+            if live.requests.contains_key(&id) {
                 return Err(CoreAddError::DuplicateId(req.request_id).into());
             }
+            let sid: Option<Arc<str>> = req.session_id.as_deref().map(Arc::from);
+            if let Some(sid) = &sid {
+                if !live.sessions.insert(sid.clone()) {
+                    return Err(CoreAddError::SessionBusy(sid.to_string()).into());
+                }
+            }
+            live.requests.insert(id.clone(), sid);
         }
         req.arrival_time = self.now();
         let (otx, orx) = mpsc::unbounded_channel();
@@ -289,6 +317,13 @@ impl EngineHandle {
         let _ = self
             .tx
             .send(Command::Finish(request_id.to_string(), reason));
+    }
+
+    /// Close a parked session: its KV is released (full blocks stay in the prefix cache).
+    pub fn release_session(&self, session_id: &str) {
+        let _ = self
+            .tx
+            .send(Command::ReleaseSession(session_id.to_string()));
     }
 
     /// Drop every prefix-cache entry; only succeeds while no request holds a block.
@@ -330,7 +365,7 @@ pub fn start_engine<E: Executor + 'static>(
         cfg: cfg.clone(),
         model,
         tokenizer,
-        live: Mutex::new(HashSet::new()),
+        live: Mutex::new(Live::default()),
         queued: AtomicUsize::new(0),
         waiting: AtomicUsize::new(0),
         shutting_down: AtomicBool::new(false),
@@ -390,6 +425,7 @@ fn run_core<E: Executor>(
                                 finish_reason: Some(FinishReason::Abort),
                                 prefill_stats: None,
                                 metrics: None,
+                                session: None,
                             });
                         }
                     }
@@ -402,9 +438,13 @@ fn run_core<E: Executor>(
                 Command::ResetPrefixCache(reply) => {
                     let _ = reply.send(core.scheduler_mut().reset_prefix_cache());
                 }
+                Command::ReleaseSession(sid) => {
+                    core.scheduler_mut().release_session(&sid);
+                }
                 Command::Shutdown => running = false,
             }
         }
+        core.scheduler_mut().expire_sessions(now());
         if core.scheduler().has_unfinished() {
             sh.idle.send_replace(false);
             match core.step(now) {

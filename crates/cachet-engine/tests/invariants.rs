@@ -168,6 +168,7 @@ fn config(
         },
         eos_token_ids: vec![2],
         telemetry,
+        ..SchedulerConfig::default()
     }
 }
 

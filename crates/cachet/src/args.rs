@@ -61,6 +61,12 @@ pub struct EngineArgs {
     /// Requests waiting for admission beyond which new ones get 503.
     #[arg(long, default_value_t = 1024)]
     pub max_waiting_requests: usize,
+    /// Seconds a parked session (kept KV between turns) may stay idle before it is released.
+    #[arg(long, default_value_t = 300.0)]
+    pub session_idle_timeout: f64,
+    /// Most KV blocks all parked sessions may hold (least recently used released first).
+    #[arg(long, default_value_t = 1024)]
+    pub session_kv_budget: usize,
     /// Simulator: wall time per prefill token, microseconds.
     #[arg(long, default_value_t = 0)]
     pub sim_prefill_us_per_token: u64,
@@ -89,6 +95,8 @@ impl Default for EngineArgs {
             no_enable_prefix_caching: false,
             scheduling_policy: Policy::Fcfs,
             max_waiting_requests: 1024,
+            session_idle_timeout: 300.0,
+            session_kv_budget: 1024,
             sim_prefill_us_per_token: 0,
             sim_decode_us_per_seq: 0,
             sim_eos_at_output: None,

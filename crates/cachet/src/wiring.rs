@@ -115,6 +115,8 @@ fn scheduler_config(
         },
         eos_token_ids: eos,
         telemetry: true,
+        session_idle_timeout_s: a.session_idle_timeout,
+        session_kv_budget_blocks: a.session_kv_budget,
     }
 }
 

@@ -9,24 +9,51 @@ fn run(args: &[&str], input: &str) -> Vec<serde_json::Value> {
     let path = dir.join(format!("in-{}.jsonl", args.len()));
     std::fs::write(&path, input).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_cachet"))
-        .args(["generate", "--executor", "sim", "--output", "json", "--input"])
+        .args([
+            "generate",
+            "--executor",
+            "sim",
+            "--output",
+            "json",
+            "--input",
+        ])
         .arg(&path)
         .args(args)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
 }
 
 fn prompt(n: u32) -> String {
     let ids: Vec<String> = (0..n).map(|i| (1000 + i).to_string()).collect();
-    format!("{{\"prompt_token_ids\": [{}], \"max_tokens\": 3, \"ignore_eos\": true}}\n", ids.join(","))
+    format!(
+        "{{\"prompt_token_ids\": [{}], \"max_tokens\": 3, \"ignore_eos\": true}}\n",
+        ids.join(",")
+    )
 }
 
 #[test]
 fn sequential_repeat_matches_spec_examples_1_and_2() {
     let input = prompt(100).repeat(2);
-    let lines = run(&["--sequential", "--block-size", "16", "--num-kv-blocks", "64"], &input);
+    let lines = run(
+        &[
+            "--sequential",
+            "--block-size",
+            "16",
+            "--num-kv-blocks",
+            "64",
+        ],
+        &input,
+    );
     assert_eq!(lines.len(), 3);
     let a = &lines[0]["prefill_stats"];
     assert_eq!(a["computed_tokens"], 100);
