@@ -268,15 +268,15 @@ impl EngineHandle {
             }
             .into());
         }
-        let pending = sh.queued.load(Ordering::SeqCst) + sh.waiting.load(Ordering::SeqCst);
-        if pending >= sh.cfg.max_waiting_requests {
-            return Err(AddRequestError::QueueFull(pending));
-        }
         let id: Arc<str> = Arc::from(req.request_id.as_str());
         {
             let mut live = sh.live.lock().unwrap_or_else(|e| e.into_inner());
             if live.requests.contains_key(&id) {
                 return Err(CoreAddError::DuplicateId(req.request_id).into());
+            }
+            let pending = sh.queued.load(Ordering::SeqCst) + sh.waiting.load(Ordering::SeqCst);
+            if pending >= sh.cfg.max_waiting_requests {
+                return Err(AddRequestError::QueueFull(pending));
             }
             let sid: Option<Arc<str>> = req.session_id.as_deref().map(Arc::from);
             if let Some(sid) = &sid {
@@ -407,9 +407,14 @@ fn run_core<E: Executor>(
         for cmd in cmds {
             match cmd {
                 Command::Add(req, otx) => {
-                    sh.queued.fetch_sub(1, Ordering::SeqCst);
                     let id: Arc<str> = Arc::from(req.request_id.as_str());
-                    match core.add_request(*req) {
+                    let added = core.add_request(*req);
+                    // Publish the waiting count before the request leaves `queued`, so the
+                    // handle's queue check never sees it in neither.
+                    sh.waiting
+                        .store(core.scheduler().num_waiting(), Ordering::SeqCst);
+                    sh.queued.fetch_sub(1, Ordering::SeqCst);
+                    match added {
                         Ok(_) => {
                             streams.insert(id, otx);
                         }
@@ -492,16 +497,20 @@ fn deliver(
     let id = out.update.request_id.clone();
     let done = out.update.finish.is_some();
     let ro = RequestOutput::from_core(out);
+    if done {
+        // Forget the id (and free its session) before the client can see the final output, so
+        // that a next turn sent right after it is accepted.
+        sh.live
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
     let failed = match streams.get(&id) {
         Some(tx) => tx.send(ro).is_err(),
         None => false,
     };
     if done {
         streams.remove(&id);
-        sh.live
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
         None
     } else if failed {
         Some(id)
