@@ -15,8 +15,10 @@ fn provided_key(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
     {
         let v = v.trim();
-        if v.len() > 7 && v[..7].eq_ignore_ascii_case("bearer ") {
-            return Some(v[7..].trim());
+        if let (Some(scheme), Some(token)) = (v.get(..7), v.get(7..)) {
+            if scheme.eq_ignore_ascii_case("bearer ") {
+                return Some(token.trim());
+            }
         }
     }
     headers

@@ -109,7 +109,7 @@ impl AppState {
     /// The name to report for a request's `model` (absent means the first served name).
     fn check_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
         match requested {
-            None | Some("") => Ok(self.inner.model_names[0].clone()),
+            None | Some("") => Ok(self.inner.model_names.first().cloned().unwrap_or_default()),
             Some(m) if self.inner.model_names.iter().any(|n| n == m) => Ok(m.to_string()),
             Some(m) => Err(ApiError::ModelNotFound(m.to_string())),
         }
@@ -191,13 +191,10 @@ pub async fn serve_on(
         tracing::info!(%addr, model = %handle.model().name, "cachet server listening");
     }
     let state = AppState::new(handle.clone(), registry.clone(), &args);
-    let log_task =
-        (args.log_stats_interval > 0.0 && args.log_stats_interval.is_finite()).then(|| {
-            tokio::spawn(metrics::log_stats_loop(
-                registry,
-                Duration::from_secs_f64(args.log_stats_interval),
-            ))
-        });
+    let log_task = Duration::try_from_secs_f64(args.log_stats_interval)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .map(|interval| tokio::spawn(metrics::log_stats_loop(registry, interval)));
     let signalled = Arc::new(tokio::sync::Notify::new());
     let drain = {
         let signalled = Arc::clone(&signalled);
