@@ -147,6 +147,7 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .fallback(misc::not_found)
+        .method_not_allowed_fallback(misc::method_not_allowed)
         .layer(middleware::from_fn(echo_request_id))
         .with_state(state)
 }

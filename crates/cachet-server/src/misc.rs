@@ -133,22 +133,20 @@ pub async fn detokenize(
 }
 
 pub async fn not_found() -> Response {
-    ApiError::BadRequest {
-        message: "Not found.".into(),
-        param: None,
-    }
-    .openai_response()
-    .into_response()
-    .map_status(StatusCode::NOT_FOUND)
+    with_status(
+        ApiError::bad_request("Not found.").openai_response(),
+        StatusCode::NOT_FOUND,
+    )
 }
 
-trait MapStatus {
-    fn map_status(self, s: StatusCode) -> Self;
+pub async fn method_not_allowed() -> Response {
+    with_status(
+        ApiError::bad_request("Method not allowed.").openai_response(),
+        StatusCode::METHOD_NOT_ALLOWED,
+    )
 }
 
-impl MapStatus for Response {
-    fn map_status(mut self, s: StatusCode) -> Self {
-        *self.status_mut() = s;
-        self
-    }
+fn with_status(mut resp: Response, status: StatusCode) -> Response {
+    *resp.status_mut() = status;
+    resp
 }

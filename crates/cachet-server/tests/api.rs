@@ -875,3 +875,66 @@ async fn full_queue_is_503_with_retry_after() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn odd_inputs_never_panic() {
+    let h = start(Opts {
+        max_model_len: 256,
+        ..Opts::default()
+    });
+    let bodies = [
+        json!(null),
+        json!({}),
+        json!({"messages": null, "prompt": null}),
+        json!({"messages": [{}], "prompt": {}, "max_tokens": 1e30}),
+        json!({"messages": [{"role": 5, "content": []}], "prompt": [-1]}),
+        json!({"messages": [{"role": "user", "content": [{"type": "text"}]}], "prompt": [[]], "max_tokens": 1}),
+        json!({"messages": [{"role": "user", "content": "\u{0}\u{fffd}é😀"}], "prompt": "😀", "max_tokens": 1, "stop": [""]}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 2, "stop": 5}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 2, "stop_token_ids": [-1]}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 2, "temperature": 1e39}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 4294967296u64}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 2, "seed": -1, "top_k": 9223372036854775807i64}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": "x", "max_tokens": 2, "logprobs": 99, "top_logprobs": 99}),
+        json!({"messages": [{"role": "user", "content": "x"}], "prompt": [4294967295u64], "max_tokens": 2, "stream": "yes"}),
+        json!({"system": 5, "messages": [{"role": "user", "content": [{"type": "image"}]}], "max_tokens": 2}),
+        json!({"tokens": [1, 2, -3]}),
+        json!({"tokens": [4294967295u64]}),
+    ];
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/tokenize",
+        "/detokenize",
+    ] {
+        for b in &bodies {
+            let (s, v, _) = h.post(path, b.clone()).await;
+            assert!(
+                s.is_success() || s.is_client_error(),
+                "{path} {b} -> {s} {v}"
+            );
+            if s.is_client_error() {
+                assert!(v.get("error").is_some(), "{path} {b} -> {v}");
+            }
+        }
+        let (s, _) = h.post_raw(path, "\u{1}\u{2}").await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+    }
+    let resp = h
+        .send(
+            Request::get("/v1/chat/completions")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(resp.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // The engine is still healthy.
+    let (s, _, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": "still alive", "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+}
