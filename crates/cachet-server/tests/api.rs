@@ -938,3 +938,40 @@ async fn odd_inputs_never_panic() {
         .await;
     assert_eq!(s, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn served_model_names() {
+    let h = start(Opts {
+        served_model_names: vec!["alias-a".into(), "alias-b".into()],
+        ..Opts::default()
+    });
+    let (_, body) = h.get("/v1/models").await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["alias-a", "alias-b"]);
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"model": "alias-b", "prompt": "x", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["model"], "alias-b");
+    let (s, v, _) = h
+        .post("/v1/completions", json!({"prompt": "x", "max_tokens": 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(v["model"], "alias-a");
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": "x", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND, "{v}");
+}

@@ -33,6 +33,8 @@ pub struct Opts {
     pub max_num_seqs: usize,
     /// Simulated time per engine step.
     pub step_ms: u64,
+    /// `--served-model-name` values.
+    pub served_model_names: Vec<String>,
 }
 
 impl Default for Opts {
@@ -46,6 +48,7 @@ impl Default for Opts {
             max_waiting_requests: 256,
             max_num_seqs: 32,
             step_ms: 0,
+            served_model_names: Vec::new(),
         }
     }
 }
@@ -95,6 +98,7 @@ pub fn start(opts: Opts) -> Harness {
         enable_per_request_metrics: opts.per_request_metrics,
         max_body_bytes: opts.max_body_bytes,
         log_stats_interval: 0.0,
+        served_model_name: opts.served_model_names.clone(),
         ..ServerArgs::default()
     };
     let app = router(AppState::new(engine.clone(), metrics.clone(), &args));
