@@ -395,3 +395,15 @@ def test_sigterm_drains_running_requests():
         assert s.proc.wait(timeout=30) == 0
     finally:
         s.stop()
+
+
+def test_tokenize_detokenize_round_trip(server):
+    r = requests.post(f"{server.base_url}/tokenize", json={"prompt": "round trip", "add_special_tokens": False}, timeout=10)
+    assert r.status_code == 200
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) and body["max_model_len"] > 0
+    r = requests.post(f"{server.base_url}/detokenize", json={"tokens": body["tokens"]}, timeout=10)
+    assert r.status_code == 200 and r.json()["prompt"] == "round trip"
+    # A completions prompt given as token ids reports exactly that many prompt tokens.
+    c = oai(server).completions.create(model=server.model(), prompt=body["tokens"], max_tokens=2)
+    assert c.usage.prompt_tokens == body["count"]
