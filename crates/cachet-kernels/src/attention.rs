@@ -11,7 +11,7 @@ use half::f16;
 
 use crate::isa::{self, Isa};
 use crate::pool::ThreadPool;
-use crate::quant::SendPtr;
+use crate::quant::{KernelError, SendPtr};
 
 /// Element type of the KV arena.
 pub trait KvElem: Copy + Send + Sync + 'static {
@@ -193,33 +193,80 @@ fn finalize(a: &PagedAttnArgs, part: &[f32], t: usize, g: usize, out: &mut [f32]
     }
 }
 
-fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &mut [f32]) {
+/// Validate [`PagedAttnArgs`] against the slices (what [`paged_attention`] asserts).
+pub fn validate_args<T>(
+    args: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &[f32],
+) -> Result<(), KernelError> {
     let a = args;
-    assert!(
-        a.n_kv_heads > 0 && a.n_heads.is_multiple_of(a.n_kv_heads),
-        "n_heads must be a multiple of n_kv_heads"
-    );
-    assert!(
-        a.block_size > 0 && a.head_dim > 0,
-        "block_size and head_dim must be > 0"
-    );
+    let bad = |s: String| Err(KernelError::InvalidShape(s));
+    if a.n_kv_heads == 0 || !a.n_heads.is_multiple_of(a.n_kv_heads) {
+        return bad(format!(
+            "n_heads {} is not a multiple of n_kv_heads {}",
+            a.n_heads, a.n_kv_heads
+        ));
+    }
+    if a.block_size == 0 || a.head_dim == 0 {
+        return bad("block_size and head_dim must be > 0".into());
+    }
     let qn = a.n_tokens * a.n_heads * a.head_dim;
-    assert!(q.len() >= qn && out.len() >= qn, "q/out too short");
+    if q.len() < qn {
+        return Err(KernelError::SizeMismatch {
+            what: "q",
+            expected: qn,
+            got: q.len(),
+        });
+    }
+    if out.len() < qn {
+        return Err(KernelError::SizeMismatch {
+            what: "out",
+            expected: qn,
+            got: out.len(),
+        });
+    }
     let ctx = a.start_pos + a.n_tokens;
     let nblk = ctx.div_ceil(a.block_size);
-    assert!(
-        a.block_table.len() >= nblk,
-        "block table too short for {ctx} positions"
-    );
-    let row = a.n_kv_heads * a.head_dim;
-    let blk = a.block_size * row;
-    let max_b = a.block_table[..nblk].iter().copied().max().unwrap_or(0) as usize;
-    if nblk > 0 {
-        assert!(
-            k.len() >= (max_b + 1) * blk && v.len() >= (max_b + 1) * blk,
-            "K/V arena too short"
-        );
+    if a.block_table.len() < nblk {
+        return Err(KernelError::SizeMismatch {
+            what: "block_table",
+            expected: nblk,
+            got: a.block_table.len(),
+        });
     }
+    let blk = a.block_size * a.n_kv_heads * a.head_dim;
+    if let Some(max_b) = a.block_table[..nblk].iter().copied().max() {
+        let need = (max_b as usize + 1) * blk;
+        if k.len() < need || v.len() < need {
+            return Err(KernelError::SizeMismatch {
+                what: "K/V arena",
+                expected: need,
+                got: k.len().min(v.len()),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn check_args<T>(args: &PagedAttnArgs, q: &[f32], k: &[T], v: &[T], out: &[f32]) {
+    if let Err(e) = validate_args(args, q, k, v, out) {
+        panic!("paged_attention: {e}");
+    }
+}
+
+/// [`paged_attention`] returning an error instead of panicking on inconsistent arguments.
+pub fn try_paged_attention<T: KvElem>(
+    args: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    out: &mut [f32],
+) -> Result<(), KernelError> {
+    validate_args(args, q, k, v, out)?;
+    paged_attention(args, q, k, v, out);
+    Ok(())
 }
 
 /// Partial attention of all query heads in kv group `g` for query token `t` over positions

@@ -4,7 +4,8 @@
 use std::sync::Mutex;
 
 use cachet_kernels::attention::{
-    attention_reference, paged_attention, paged_attention_parallel, KvElem, PagedAttnArgs,
+    attention_reference, paged_attention, paged_attention_parallel, try_paged_attention, KvElem,
+    PagedAttnArgs,
 };
 use cachet_kernels::isa::{self, Isa};
 use cachet_kernels::quant::{
@@ -480,4 +481,32 @@ fn paged_attention_all_isas() {
             check_attention::<f16>(&pool, nh, nkv, hd, bs, start, n, 6 + start as u64);
         }
     });
+}
+
+#[test]
+fn attention_bad_args_are_errors() {
+    let table = [0u32, 5];
+    let k = vec![0f32; 2 * 4 * 2 * 8];
+    let q = vec![0f32; 4 * 8];
+    let mut out = vec![0f32; 4 * 8];
+    let mut args = PagedAttnArgs {
+        block_table: &table,
+        block_size: 4,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 8,
+        start_pos: 3,
+        n_tokens: 1,
+        scale: 1.0,
+    };
+    assert!(try_paged_attention(&args, &q, &k, &k, &mut out).is_ok());
+    args.start_pos = 4; // needs block 5: arena too short
+    assert!(try_paged_attention(&args, &q, &k, &k, &mut out).is_err());
+    args.start_pos = 8; // needs a third block-table entry
+    assert!(try_paged_attention(&args, &q, &k, &k, &mut out).is_err());
+    args.start_pos = 0;
+    args.n_kv_heads = 3;
+    assert!(try_paged_attention(&args, &q, &k, &k, &mut out).is_err());
+    args.n_kv_heads = 2;
+    assert!(try_paged_attention(&args, &q[..8], &k, &k, &mut out).is_err());
 }
