@@ -169,9 +169,9 @@ pub struct RequestUpdate {
     pub token: Option<Sampled>,
     pub finish: Option<FinishReason>,
     /// Set on the update carrying the first output token, and on the final update.
-    pub prefill_stats: Option<PrefillStats>,
+    pub prefill_stats: Option<Box<PrefillStats>>,
     /// For session turns: set with `prefill_stats`.
-    pub session: Option<SessionReport>,
+    pub session: Option<Box<SessionReport>>,
 }
 
 /// Latency samples observed in a step (seconds).
@@ -826,7 +826,7 @@ impl Scheduler {
         now: f64,
     ) -> Vec<RequestUpdate> {
         let telemetry = self.cfg.telemetry;
-        let mut updates = Vec::new();
+        let mut updates = Vec::with_capacity(out.chunks.len());
         for (chunk, res) in out
             .chunks
             .iter()
@@ -904,8 +904,8 @@ impl Scheduler {
                             request_id,
                             token: Some(sampled),
                             finish: None,
-                            prefill_stats: first_stats,
-                            session,
+                            prefill_stats: first_stats.map(Box::new),
+                            session: session.map(Box::new),
                         });
                     }
                 }
@@ -1014,8 +1014,12 @@ impl Scheduler {
             request_id: r.id,
             token: None,
             finish: Some(reason),
-            prefill_stats: if telemetry { prefill_stats } else { None },
-            session,
+            prefill_stats: if telemetry {
+                prefill_stats.map(Box::new)
+            } else {
+                None
+            },
+            session: session.map(Box::new),
         }
     }
 

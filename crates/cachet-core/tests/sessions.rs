@@ -30,8 +30,8 @@ fn finish(s: &mut Scheduler, id: &str) -> (PrefillStats, SessionReport) {
     s.take_finished();
     let u = last.expect("finished");
     (
-        u.prefill_stats.expect("stats"),
-        u.session.expect("session report"),
+        *u.prefill_stats.expect("stats"),
+        *u.session.expect("session report"),
     )
 }
 

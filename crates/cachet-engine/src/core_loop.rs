@@ -14,7 +14,7 @@ use crate::{RequestMetrics, StatLogger, StepStats};
 #[derive(Clone, Debug)]
 pub struct CoreOutput {
     pub update: RequestUpdate,
-    pub finished: Option<FinishedRequestStats>,
+    pub finished: Option<Box<FinishedRequestStats>>,
 }
 
 pub struct EngineCore<E: Executor> {
@@ -109,15 +109,15 @@ impl<E: Executor> EngineCore<E> {
         iteration_tokens: Option<u64>,
     ) -> Vec<CoreOutput> {
         let finished = self.scheduler.take_finished();
-        let mut by_id: HashMap<&str, &FinishedRequestStats> = HashMap::new();
-        for f in &finished {
-            by_id.insert(f.request_id.as_str(), f);
-        }
+        let by_id: HashMap<&str, &FinishedRequestStats> = finished
+            .iter()
+            .map(|f| (f.request_id.as_str(), f))
+            .collect();
         let outs = updates
             .into_iter()
             .map(|u| {
                 let fin = if u.finish.is_some() {
-                    by_id.get(&*u.request_id).map(|f| (*f).clone())
+                    by_id.get(&*u.request_id).map(|f| Box::new((*f).clone()))
                 } else {
                     None
                 };

@@ -84,9 +84,9 @@ impl RequestOutput {
             request_id: out.update.request_id,
             tokens: out.update.token.into_iter().collect(),
             finish_reason: out.update.finish,
-            prefill_stats: out.update.prefill_stats,
-            metrics: out.finished.as_ref().map(RequestMetrics::from_finished),
-            session: out.update.session,
+            prefill_stats: out.update.prefill_stats.map(|b| *b),
+            metrics: out.finished.as_deref().map(RequestMetrics::from_finished),
+            session: out.update.session.map(|b| *b),
         }
     }
 }

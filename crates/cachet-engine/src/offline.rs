@@ -124,7 +124,7 @@ impl<E: Executor> OfflineEngine<E> {
                         c.output_token_ids.push(tok.token);
                     }
                     if let Some(p) = out.update.prefill_stats {
-                        c.prefill_stats = Some(p);
+                        c.prefill_stats = Some(*p);
                     }
                     if let Some(f) = out.update.finish {
                         c.finish_reason = f;

@@ -30,6 +30,11 @@ pub struct SimConfig {
     pub decode_cost_per_seq: Duration,
     /// Part of the model identity (and so of the hash seed).
     pub model_name: String,
+    /// Derive sampled tokens from every fingerprint of the context (O(context) per token, so
+    /// any wrong, stale or overwritten block anywhere changes the output). Off: only the last
+    /// position's fingerprint is read (its chain still covers every earlier token as it was
+    /// when written) — for scheduler benchmarks at zero model cost.
+    pub full_context_check: bool,
 }
 
 impl Default for SimConfig {
@@ -45,6 +50,7 @@ impl Default for SimConfig {
             prefill_cost_per_token: Duration::ZERO,
             decode_cost_per_seq: Duration::ZERO,
             model_name: "cachet-sim".into(),
+            full_context_check: true,
         }
     }
 }
@@ -131,7 +137,12 @@ impl Executor for SimExecutor {
             };
             let end = seq.start_pos + seq.tokens.len();
             let mut h = SEED;
-            for pos in 0..end {
+            let from = if self.cfg.full_context_check {
+                0
+            } else {
+                end - 1
+            };
+            for pos in from..end {
                 h = mix(h, self.arena[self.slot(seq.block_table, pos)?]);
             }
             let n_out = spec.output.len() + 1;
