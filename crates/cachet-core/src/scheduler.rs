@@ -91,12 +91,26 @@ pub enum AddRequestError {
     SessionBusy(String),
 }
 
+/// Whether a session turn could continue the parked KV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// The parked KV was extended by this turn.
+    Continued,
+    /// No parked session had this id (never seen, closed, expired or released): a new session.
+    New,
+    /// A parked session existed but the prompt did not extend its tokens (edited history) or
+    /// used other cache keys (salt, adapter): it was released and this turn started afresh.
+    HistoryMismatch,
+}
+
 /// How a session turn was served (spec §5), reported with its first and final outputs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionReport {
     pub session_id: Arc<str>,
     /// This turn continued the parked session's KV (false: new or fallen-back session).
     pub continued: bool,
+    pub status: SessionStatus,
     /// 1 for the first turn of a session.
     pub turn: u32,
     /// Tokens whose KV was kept from earlier turns (not looked up, not computed).
@@ -220,6 +234,7 @@ struct SessionState {
     /// The first admission continues retained KV (no lookup; logical counts exclude it).
     continuation: bool,
     continued: bool,
+    status: SessionStatus,
     retained: usize,
     base: PrefillStats,
     turn: u32,
@@ -392,6 +407,7 @@ impl Scheduler {
                 id: sid.clone(),
                 continuation: false,
                 continued: false,
+                status: SessionStatus::New,
                 retained: 0,
                 base: PrefillStats::default(),
                 turn: 1,
@@ -405,10 +421,12 @@ impl Scheduler {
                     kv = parked.kv;
                     state.continuation = true;
                     state.continued = true;
+                    state.status = SessionStatus::Continued;
                     state.retained = num_computed;
                     state.base = parked.cumulative;
                     state.turn = parked.turns + 1;
                 } else {
+                    state.status = SessionStatus::HistoryMismatch;
                     self.kv.free(&mut parked.kv);
                 }
             }
@@ -1032,6 +1050,7 @@ impl Scheduler {
         Some(SessionReport {
             session_id: st.id.clone(),
             continued: st.continued,
+            status: st.status,
             turn: st.turn,
             retained_tokens: st.retained as u64,
             total_prompt_tokens: r.prompt_len as u64,

@@ -133,6 +133,7 @@ fn idle_timeout_releases_and_the_next_turn_hits_the_cache() {
     s.add_request(turn("t2", "s", p2, 1)).unwrap();
     let (c2, r2) = finish(&mut s, "t2");
     assert!(!r2.continued);
+    assert_eq!(r2.status, cachet_core::scheduler::SessionStatus::New);
     assert_eq!(c2.local_cached_tokens, 32);
     assert_eq!(c2.prompt_tokens, 51);
 }
@@ -164,6 +165,10 @@ fn edited_history_falls_back_to_a_normal_request() {
     s.add_request(turn("t2", "s", p2, 1)).unwrap();
     let (c2, r2) = finish(&mut s, "t2");
     assert!(!r2.continued);
+    assert_eq!(
+        r2.status,
+        cachet_core::scheduler::SessionStatus::HistoryMismatch
+    );
     assert_eq!(r2.turn, 1);
     // Looked up like any request: the first 2 blocks (32 tokens) are unchanged and cached.
     assert_eq!(fields(&c2)[..6], [51, 32, 0, 32, 19, 16]);

@@ -22,7 +22,7 @@ use thiserror::Error;
 use tokio::sync::{mpsc, oneshot, watch};
 
 pub use cachet_core::scheduler::AddRequestError as CoreAddError;
-pub use cachet_core::scheduler::SessionReport;
+pub use cachet_core::scheduler::{SessionReport, SessionStatus};
 pub use cachet_core::stats::{CounterDeltas, FinishedRequestStats, Gauges, PrefillStats};
 pub use cachet_core::{
     Executor, FinishReason, NewRequest, Sampled, SamplingParams, SchedulerConfig,
