@@ -146,7 +146,49 @@ fn attention(depth: usize) {
     );
 }
 
+/// Prefill attention of one layer: `n` tokens from position 0, f16 KV.
+fn attention_prefill(n: usize) {
+    use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+    let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
+    let nblk = n.div_ceil(bs);
+    let table: Vec<u32> = (0..nblk as u32).collect();
+    let len = nblk * bs * nkv * hd;
+    let kh: Vec<f16> = (0..len)
+        .map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
+        .collect();
+    let vh: Vec<f16> = (0..len)
+        .map(|i| f16::from_f32(((i * 104729) % 1000) as f32 / 500.0 - 1.0))
+        .collect();
+    let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
+    let mut out = vec![0f32; n * nh * hd];
+    let args = PagedAttnArgs {
+        block_table: &table,
+        block_size: bs,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        start_pos: 0,
+        n_tokens: n,
+        scale: 0.125,
+    };
+    let iters = 5;
+    let c0 = cpu_time();
+    for _ in 0..iters {
+        paged_attention(&args, &q, &kh, &vh, &mut out);
+    }
+    let dt = (cpu_time() - c0) / iters as f64;
+    println!(
+        "prefill attention {n} tokens (one layer, f16 KV): {:.2} ms cpu; x30 layers = {:.0} ms",
+        dt * 1e3,
+        dt * 30e3
+    );
+}
+
 fn main() {
+    if let Ok(n) = std::env::var("PREFILL_ATTN") {
+        attention_prefill(n.parse().unwrap_or(512));
+        return;
+    }
     if let Ok(ds) = std::env::var("ATTN") {
         for d in ds.split(',').filter_map(|v| v.parse().ok()) {
             attention(d);

@@ -75,23 +75,23 @@ pub fn paged_attention<T: KvElem>(
     check_args(args, q, k, v, out);
     let isa = isa::active();
     let gs = args.n_heads / args.n_kv_heads;
-    let mut part = vec![0f32; gs * (args.head_dim + 2)];
-    for t in 0..args.n_tokens {
+    let qt = tile_tokens(gs);
+    let mut part = vec![0f32; qt * gs * (args.head_dim + 2)];
+    let mut t = 0;
+    while t < args.n_tokens {
+        let nq = qt.min(args.n_tokens - t);
         for g in 0..args.n_kv_heads {
-            attend_part(
-                isa,
-                args,
-                q,
-                k,
-                v,
-                t,
-                g,
-                (0, args.start_pos + t + 1),
-                &mut part,
-            );
-            finalize(args, &part, t, g, out);
+            let range = (0, args.start_pos + t + nq);
+            attend_part(isa, args, q, k, v, (t, nq), g, range, &mut part);
+            finalize(args, &part, (t, nq), g, out);
         }
+        t += nq;
     }
+}
+
+/// Query tokens processed together per K/V pass (rows = tokens × group size <= 64).
+fn tile_tokens(gs: usize) -> usize {
+    (64 / gs.max(1)).clamp(1, 8)
 }
 
 /// Positions per context segment below which decode attention is not split further.
@@ -122,16 +122,25 @@ pub fn paged_attention_parallel<T: KvElem>(
         (2 * nt).div_ceil(pairs).min(ctx_max / MIN_SEGMENT).max(1)
     };
     if segs == 1 {
+        // Tiles of query tokens (fewer when that would leave threads idle).
+        let mut qt = tile_tokens(gs);
+        while qt > 1 && a.n_tokens.div_ceil(qt) * a.n_kv_heads < 2 * nt {
+            qt /= 2;
+        }
+        let n_tiles = a.n_tokens.div_ceil(qt);
         let op = SendPtr(out.as_mut_ptr());
         let out_len = out.len();
-        pool.parallel_for(pairs, &|item| {
-            let (t, g) = (item / a.n_kv_heads, item % a.n_kv_heads);
-            let mut part = vec![0f32; stride];
-            attend_part(isa, a, q, k, v, t, g, (0, a.start_pos + t + 1), &mut part);
-            // SAFETY: item (t, g) writes only token t's rows of the heads of group g, which
-            // are disjoint across items; `out` outlives the parallel_for.
+        pool.parallel_for(n_tiles * a.n_kv_heads, &|item| {
+            let (tile, g) = (item / a.n_kv_heads, item % a.n_kv_heads);
+            let t = tile * qt;
+            let nq = qt.min(a.n_tokens - t);
+            let mut part = vec![0f32; nq * stride];
+            let range = (0, a.start_pos + t + nq);
+            attend_part(isa, a, q, k, v, (t, nq), g, range, &mut part);
+            // SAFETY: item (tile, g) writes only its tokens' rows of the heads of group g,
+            // which are disjoint across items; `out` outlives the parallel_for.
             let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
-            finalize(a, &part, t, g, out);
+            finalize(a, &part, (t, nq), g, out);
         });
         return;
     }
@@ -146,7 +155,7 @@ pub fn paged_attention_parallel<T: KvElem>(
         let p1 = ((seg + 1) * len).min(ctx);
         // SAFETY: each item owns the disjoint slice `item * stride..(item + 1) * stride`.
         let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * stride), stride) };
-        attend_part(isa, a, q, k, v, t, g, (p0, p1), part);
+        attend_part(isa, a, q, k, v, (t, 1), g, (p0, p1), part);
     });
     let hd = a.head_dim;
     let mut merged = vec![0f32; stride];
@@ -175,20 +184,22 @@ pub fn paged_attention_parallel<T: KvElem>(
             merged[mo] = m;
             merged[mo + 1] = l;
         }
-        finalize(a, &merged, t, g, out);
+        finalize(a, &merged, (t, 1), g, out);
     }
 }
 
 /// Normalise a partial result (`[m, l, acc[hd]]` per head) into `out`.
-fn finalize(a: &PagedAttnArgs, part: &[f32], t: usize, g: usize, out: &mut [f32]) {
+fn finalize(a: &PagedAttnArgs, part: &[f32], (t0, nq): (usize, usize), g: usize, out: &mut [f32]) {
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
-    for h in 0..gs {
-        let p = &part[h * (hd + 2)..][..hd + 2];
-        let inv = if p[1] > 0.0 { 1.0 / p[1] } else { 0.0 };
-        let o = &mut out[(t * a.n_heads + g * gs + h) * hd..][..hd];
-        for (o, x) in o.iter_mut().zip(&p[2..]) {
-            *o = x * inv;
+    for ti in 0..nq {
+        for h in 0..gs {
+            let p = &part[(ti * gs + h) * (hd + 2)..][..hd + 2];
+            let inv = if p[1] > 0.0 { 1.0 / p[1] } else { 0.0 };
+            let o = &mut out[((t0 + ti) * a.n_heads + g * gs + h) * hd..][..hd];
+            for (o, x) in o.iter_mut().zip(&p[2..]) {
+                *o = x * inv;
+            }
         }
     }
 }
@@ -278,17 +289,29 @@ fn attend_part<T: KvElem>(
     q: &[f32],
     k: &[T],
     v: &[T],
-    t: usize,
+    (t0, nq): (usize, usize),
     g: usize,
     range: (usize, usize),
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, t, g, range, part) {
+    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, (t0, nq), g, range, part) {
         return;
     }
+    // One token at a time (SIMD single-token kernel if available, else portable).
+    let stride = (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
+    for ti in 0..nq {
+        let t = t0 + ti;
+        let r = (range.0, range.1.min(a.start_pos + t + 1));
+        let p = &mut part[ti * stride..(ti + 1) * stride];
+        #[cfg(target_arch = "x86_64")]
+        if nq > 1 && isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, (t, 1), g, r, p)
+        {
+            continue;
+        }
+        attend_part_scalar(a, q, k, v, t, g, r, p);
+    }
     let _ = isa;
-    attend_part_scalar(a, q, k, v, t, g, range, part);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -395,7 +395,7 @@ pub(crate) fn attend_group<T: KvElem>(
     q: &[f32],
     k: &[T],
     v: &[T],
-    t: usize,
+    (t, nq): (usize, usize),
     g: usize,
     (p0, p1): (usize, usize),
     part: &mut [f32],
@@ -405,11 +405,16 @@ pub(crate) fn attend_group<T: KvElem>(
     };
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
-    if gs > 64 {
+    // Multi-token tiles only in the AVX-512 kernel; at most 64 rows (tokens × heads).
+    if nq == 0 || nq * gs > 64 || (nq > 1 && isa < Isa::Avx512) {
         return false;
     }
     let row = a.n_kv_heads * hd;
-    if part.len() < gs * (hd + 2) || p1 > a.start_pos + t + 1 || p0 > p1 {
+    if part.len() < nq * gs * (hd + 2)
+        || p1 > a.start_pos + t + nq
+        || p0 > p1
+        || t + nq > a.n_tokens
+    {
         return false;
     }
     // Row pointers are computed from the block table; bounds were checked by the caller
@@ -428,6 +433,9 @@ pub(crate) fn attend_group<T: KvElem>(
         goff: g * hd * esz,
         p0,
         ctx: p1,
+        ctx0: a.start_pos + t + 1,
+        nq,
+        qstride: a.n_heads * hd,
         gs,
         hd,
         scale: a.scale,
@@ -484,6 +492,12 @@ struct AttnCtx<'a> {
     /// Partial output: per head `[m, l, acc[hd]]` (running max, sum, unnormalised P·V).
     op: *mut f32,
     p0: usize,
+    /// Context end (exclusive) of the first query token; token `i` of the tile ends at
+    /// `ctx0 + i` (causal), capped by `ctx`.
+    ctx0: usize,
+    /// Query tokens in the tile (rows = nq × gs), and the q stride between tokens.
+    nq: usize,
+    qstride: usize,
     is_f16: bool,
 }
 
@@ -566,20 +580,22 @@ unsafe fn exp512(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
-/// AVX-512 attention for one (token, kv group): `HV` = head_dim / 16 vectors per row.
-/// Per chunk of positions: f16 K/V rows are converted once into an f32 scratch (shared by
-/// all heads of the group); scores for 16 positions at a time with a transposed reduction;
-/// one online-softmax rescale per chunk; then P·V with the head's accumulators in registers.
+/// AVX-512 attention for a tile of `nq` query tokens × the `gs` heads of one kv group
+/// (`HV` = head_dim / 16 vectors per row). Per chunk of positions: f16 K/V rows are
+/// converted once into an f32 scratch shared by every row of the tile; scores for 16
+/// positions at a time with a transposed reduction; one online-softmax rescale per chunk
+/// and row; then P·V with the row's accumulators in registers. Rows past their causal end
+/// skip the chunk's tail.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     let hd = c.hd;
-    let gs = c.gs.min(64);
+    let gs = c.gs;
+    let rows = (c.nq * gs).min(64);
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
-    let mut acc = vec![_mm512_setzero_ps(); gs * HV];
+    let mut acc = vec![_mm512_setzero_ps(); rows * HV];
     let mut kp = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
-    // f32 rows of the current chunk (used when the arena is f16)
     let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
     let mut kbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
     let mut vbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
@@ -606,51 +622,58 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 vrow[j] = c.vb.add(kp[jj]) as *const f32;
             }
         }
-        for h in 0..gs {
-            let qh = c.qp.add(h * hd);
+        for r in 0..rows {
+            let (ti, h) = (r / gs, r % gs);
+            // causal end of this row within the chunk
+            let end = (c.ctx0 + ti).min(c.ctx);
+            if end <= c0 {
+                continue;
+            }
+            let nr = (end - c0).min(n);
+            let qh = c.qp.add(ti * c.qstride + h * hd);
             let mut qv = [_mm512_setzero_ps(); HV];
             for (i, qv) in qv.iter_mut().enumerate() {
                 *qv = _mm512_mul_ps(_mm512_loadu_ps(qh.add(16 * i)), _mm512_set1_ps(c.scale));
             }
             let mut cmax = _mm512_set1_ps(f32::NEG_INFINITY);
             let mut j = 0;
-            while j < n {
-                let cnt = (n - j).min(16);
+            while j < nr {
+                let cnt = (nr - j).min(16);
                 let mut dv = [_mm512_setzero_ps(); 16];
                 for (jj, dv) in dv.iter_mut().enumerate() {
-                    let kr = krow[j + jj];
+                    let kr = krow[(j + jj).min(CHUNK - 1)];
                     let mut d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                     for (i, qv) in qv.iter().enumerate().skip(1) {
                         d = _mm512_fmadd_ps(*qv, _mm512_loadu_ps(kr.add(16 * i)), d);
                     }
                     *dv = d;
                 }
-                let r = reduce16(&dv);
+                let rv = reduce16(&dv);
                 let m: __mmask16 = if cnt == 16 {
                     0xffff
                 } else {
                     ((1u32 << cnt) - 1) as __mmask16
                 };
-                cmax = _mm512_mask_max_ps(cmax, m, cmax, r);
-                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, r);
+                cmax = _mm512_mask_max_ps(cmax, m, cmax, rv);
+                _mm512_mask_storeu_ps(s.as_mut_ptr().add(j), m, rv);
                 j += 16;
             }
             // online softmax over the chunk
-            let new_m = mx[h].max(_mm512_reduce_max_ps(cmax));
-            let alpha = if mx[h] == f32::NEG_INFINITY {
+            let new_m = mx[r].max(_mm512_reduce_max_ps(cmax));
+            let alpha = if mx[r] == f32::NEG_INFINITY {
                 0.0
             } else {
-                (mx[h] - new_m).exp()
+                (mx[r] - new_m).exp()
             };
-            mx[h] = new_m;
+            mx[r] = new_m;
             let nm = _mm512_set1_ps(new_m);
             let mut sum = _mm512_setzero_ps();
             let mut j = 0;
-            while j < n {
-                let m: __mmask16 = if n - j >= 16 {
+            while j < nr {
+                let m: __mmask16 = if nr - j >= 16 {
                     0xffff
                 } else {
-                    ((1u32 << (n - j)) - 1) as __mmask16
+                    ((1u32 << (nr - j)) - 1) as __mmask16
                 };
                 let e = exp512(_mm512_sub_ps(
                     _mm512_maskz_loadu_ps(m, s.as_ptr().add(j)),
@@ -661,16 +684,16 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 _mm512_storeu_ps(s.as_mut_ptr().add(j), e);
                 j += 16;
             }
-            lsum[h] = lsum[h] * alpha + _mm512_reduce_add_ps(sum);
+            lsum[r] = lsum[r] * alpha + _mm512_reduce_add_ps(sum);
             // P·V with two accumulator sets (even/odd positions) to hide FMA latency
             let al = _mm512_set1_ps(alpha);
             let mut a0 = [_mm512_setzero_ps(); HV];
             let mut a1 = [_mm512_setzero_ps(); HV];
             for (i, a0) in a0.iter_mut().enumerate() {
-                *a0 = _mm512_mul_ps(acc[h * HV + i], al);
+                *a0 = _mm512_mul_ps(acc[r * HV + i], al);
             }
             let mut j = 0;
-            while j + 2 <= n {
+            while j + 2 <= nr {
                 let (p0, p1) = (_mm512_set1_ps(s[j]), _mm512_set1_ps(s[j + 1]));
                 let (v0, v1) = (vrow[j], vrow[j + 1]);
                 for i in 0..HV {
@@ -679,24 +702,24 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 }
                 j += 2;
             }
-            if j < n {
+            if j < nr {
                 let p0 = _mm512_set1_ps(s[j]);
                 for (i, a0) in a0.iter_mut().enumerate() {
                     *a0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vrow[j].add(16 * i)), *a0);
                 }
             }
             for i in 0..HV {
-                acc[h * HV + i] = _mm512_add_ps(a0[i], a1[i]);
+                acc[r * HV + i] = _mm512_add_ps(a0[i], a1[i]);
             }
         }
         c0 += n;
     }
-    for h in 0..gs {
-        let ph = c.op.add(h * (hd + 2));
-        *ph = mx[h];
-        *ph.add(1) = lsum[h];
+    for r in 0..rows {
+        let ph = c.op.add(r * (hd + 2));
+        *ph = mx[r];
+        *ph.add(1) = lsum[r];
         for i in 0..HV {
-            _mm512_storeu_ps(ph.add(2 + 16 * i), acc[h * HV + i]);
+            _mm512_storeu_ps(ph.add(2 + 16 * i), acc[r * HV + i]);
         }
     }
 }

@@ -476,6 +476,9 @@ fn paged_attention_all_isas() {
             (9, 3, 64, 16, 700, 1),
             (8, 1, 64, 16, 1000, 1),
             (4, 2, 32, 7, 400, 2),
+            // prefill-like: several query-token tiles and chunks, causal inside the chunk
+            (9, 3, 64, 16, 0, 40),
+            (9, 3, 64, 16, 50, 20),
         ] {
             check_attention::<f32>(&pool, nh, nkv, hd, bs, start, n, 5 + start as u64);
             check_attention::<f16>(&pool, nh, nkv, hd, bs, start, n, 6 + start as u64);
