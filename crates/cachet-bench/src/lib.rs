@@ -1,0 +1,82 @@
+//! `cachet bench`: measure cachet and its peers.
+//!
+//! - [`serve`]: a load generator for any OpenAI-compatible server (TTFT, inter-token latency,
+//!   throughputs, the cached-token fraction the server reports), with deterministic
+//!   [`workload`]s: `shared-prefix`, `few-shot`, `unique`.
+//! - [`compare`]: starts cachet and llama.cpp's `llama-server` on the same GGUF and settings,
+//!   runs the same workloads against each, and writes a side-by-side table to
+//!   `docs/benchmarks.md`.
+//! - [`kernel`]: cachet's model executor driven directly, beside `llama-bench`.
+//!
+//! The binary exposes them as `cachet bench {serve,compare,kernel}` through [`BenchArgs`] and
+//! [`run`].
+
+pub mod compare;
+pub mod doc;
+pub mod error;
+pub mod kernel;
+pub mod peer;
+pub mod plot;
+pub mod report;
+pub mod rng;
+pub mod serve;
+pub mod sse;
+pub mod stats;
+pub mod workload;
+
+use clap::{Args, Subcommand};
+
+pub use compare::CompareArgs;
+pub use error::BenchError;
+pub use kernel::KernelArgs;
+pub use serve::{Api, LoadArgs, ServeBenchArgs, ServeReport};
+pub use workload::{WorkloadKind, WorkloadParams};
+
+/// `cachet bench ...`
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub cmd: BenchCmd,
+}
+
+#[derive(Subcommand, Clone, Debug)]
+pub enum BenchCmd {
+    /// Load-test an OpenAI-compatible server (cachet, llama-server, vLLM, ...).
+    Serve(ServeBenchArgs),
+    /// Start cachet and llama-server on the same model, run the same workloads against both,
+    /// and write the side-by-side table to docs/benchmarks.md.
+    Compare(CompareArgs),
+    /// Prefill/decode tokens/s of cachet's model executor beside llama-bench.
+    Kernel(KernelArgs),
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?)
+}
+
+/// Runs a `cachet bench` subcommand, printing its tables to stdout.
+pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
+    match cmd {
+        BenchCmd::Serve(a) => {
+            let rep = runtime()?.block_on(serve::bench_serve(&a))?;
+            print!("{}", report::serve_table(&rep, false));
+            if rep.completed == 0 {
+                anyhow::bail!("no request succeeded");
+            }
+        }
+        BenchCmd::Compare(a) => {
+            let rep = runtime()?.block_on(compare::bench_compare(&a))?;
+            for t in compare::targets(&rep) {
+                println!("{t}");
+            }
+        }
+        BenchCmd::Kernel(a) => {
+            let rep = kernel::bench_kernel(&a)?;
+            print!("{}", kernel::table(&rep, false));
+        }
+    }
+    Ok(())
+}
