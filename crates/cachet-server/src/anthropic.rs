@@ -14,9 +14,11 @@ use serde_json::{json, Value};
 
 use crate::body::read_json;
 use crate::error::{AnthropicError, ApiError};
-use crate::generate::{Final, GenEvent, GenSpec, Generation, StopKind, REQUEST_ID_HEADER};
+use crate::generate::{
+    check_session_id, Final, GenEvent, GenSpec, Generation, StopKind, REQUEST_ID_HEADER,
+};
 use crate::sampling::{build_sampling, check_cache_salt, SamplingInput};
-use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json};
+use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json, session_json};
 use crate::AppState;
 
 /// A content block; only text blocks are accepted (`cache_control` is accepted and ignored).
@@ -97,6 +99,9 @@ pub struct MessagesRequest {
     pub stream: Option<bool>,
     #[serde(default)]
     pub cache_salt: Option<String>,
+    /// Resumable session (cachet extension; the SDK sends it via `extra_body`).
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 fn stop_reason(f: &Final) -> (&'static str, Value) {
@@ -164,12 +169,14 @@ pub async fn messages(
     };
     let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), "max_tokens")?;
     check_cache_salt(&req.cache_salt)?;
+    check_session_id(&req.session_id)?;
     let spec = GenSpec {
         prompt,
         sampling,
         stop: req.stop_sequences.clone().unwrap_or_default(),
         cache_salt: req.cache_salt.clone(),
         priority: 0,
+        session_id: req.session_id.clone(),
     };
     let mut gen = Generation::start(&state, &headers, "msg_", spec)?;
     let id = gen.request_id().to_string();
@@ -196,6 +203,9 @@ pub async fn messages(
             "stop_sequence": seq,
             "usage": anthropic_usage(&fin),
         });
+        if let Some(s) = &fin.session {
+            body["session"] = session_json(s);
+        }
         if state.per_request_metrics() {
             body["metrics"] = request_metrics_json(&fin);
         }
@@ -212,6 +222,7 @@ fn aborted(gen: &Generation) -> Final {
         stop: StopKind::Abort,
         prefill: gen.prefill().copied(),
         metrics: None,
+        session: gen.session().cloned().map(Box::new),
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
     }
@@ -226,14 +237,17 @@ fn stream_events(
         let id = gen.request_id().to_string();
         // message_start carries the prefill stats, so it waits for the first output.
         let first = gen.next().await;
-        let start = json!({
+        let mut start = json!({
             "type": "message_start",
             "message": {
                 "id": id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": anthropic_start_usage(gen.prefill(), gen.prompt_len()),
+                "usage": anthropic_start_usage(gen.prefill(), gen.session(), gen.prompt_len()),
             }
         });
+        if let Some(s) = gen.session() {
+            start["message"]["session"] = session_json(s);
+        }
         yield event("message_start", &start);
         yield event("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
         yield event("ping", &json!({"type": "ping"}));
@@ -258,6 +272,9 @@ fn stream_events(
             "delta": {"stop_reason": reason, "stop_sequence": seq},
             "usage": anthropic_usage(&fin),
         });
+        if let Some(s) = &fin.session {
+            delta["session"] = session_json(s);
+        }
         if state.per_request_metrics() {
             delta["metrics"] = request_metrics_json(&fin);
         }

@@ -24,6 +24,9 @@ pub enum ApiError {
     Unauthorized,
     #[error("Request body exceeds the limit of {limit} bytes.")]
     PayloadTooLarge { limit: usize },
+    /// Session `{0}` already has a turn in flight (409).
+    #[error("Session `{0}` already has a turn in flight; send the next turn after it finishes.")]
+    SessionBusy(String),
     #[error("The server is overloaded: the request queue is full. Retry later.")]
     QueueFull,
     #[error("The server is shutting down.")]
@@ -53,6 +56,7 @@ impl ApiError {
             ApiError::ModelNotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::SessionBusy(_) => StatusCode::CONFLICT,
             ApiError::QueueFull | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -63,6 +67,7 @@ impl ApiError {
             ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ContextLength(_) => Some("messages"),
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::SessionBusy(_) => Some("session_id"),
             _ => None,
         }
     }
@@ -78,6 +83,7 @@ impl ApiError {
             ApiError::PayloadTooLarge { .. } => {
                 ("invalid_request_error", Some("request_too_large"))
             }
+            ApiError::SessionBusy(_) => ("conflict_error", Some("session_busy")),
             ApiError::QueueFull => ("server_error", Some("overloaded")),
             ApiError::ShuttingDown => ("server_error", Some("shutting_down")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
@@ -86,7 +92,9 @@ impl ApiError {
 
     fn anthropic_type(&self) -> &'static str {
         match self {
-            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => "invalid_request_error",
+            ApiError::BadRequest { .. } | ApiError::ContextLength(_) | ApiError::SessionBusy(_) => {
+                "invalid_request_error"
+            }
             ApiError::ModelNotFound(_) => "not_found_error",
             ApiError::Unauthorized => "authentication_error",
             ApiError::PayloadTooLarge { .. } => "request_too_large",

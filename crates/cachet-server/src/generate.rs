@@ -8,6 +8,7 @@ use axum::http::HeaderMap;
 use cachet_core::{FinishReason, NewRequest, PrefillStats, Sampled, SamplingParams};
 use cachet_engine::{
     AddRequestError, CoreAddError, IncrementalDetokenizer, RequestMetrics, RequestStream,
+    SessionReport,
 };
 
 use crate::error::ApiError;
@@ -17,6 +18,23 @@ use crate::AppState;
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Longest accepted `X-Request-Id`.
 const MAX_REQUEST_ID_LEN: usize = 256;
+/// Longest accepted `session_id` (characters).
+pub const MAX_SESSION_ID_LEN: usize = 256;
+
+/// Validates an optional `session_id`: non-empty and at most [`MAX_SESSION_ID_LEN`] characters.
+pub fn check_session_id(id: &Option<String>) -> Result<(), ApiError> {
+    match id {
+        Some(s) if s.is_empty() => Err(ApiError::bad_param(
+            "session_id",
+            "`session_id` must not be empty.",
+        )),
+        Some(s) if s.chars().count() > MAX_SESSION_ID_LEN => Err(ApiError::bad_param(
+            "session_id",
+            format!("`session_id` must be at most {MAX_SESSION_ID_LEN} characters."),
+        )),
+        _ => Ok(()),
+    }
+}
 
 /// What the route asks the engine for.
 pub struct GenSpec {
@@ -25,6 +43,8 @@ pub struct GenSpec {
     pub stop: Vec<String>,
     pub cache_salt: Option<String>,
     pub priority: i32,
+    /// Resumable session the request is a turn of (validated by [`check_session_id`]).
+    pub session_id: Option<String>,
 }
 
 /// Why a generation ended, in the server's words.
@@ -56,6 +76,8 @@ pub struct Final {
     pub stop: StopKind,
     pub prefill: Option<PrefillStats>,
     pub metrics: Option<RequestMetrics>,
+    /// Session turns: how the engine served the turn (from the final output, else the first).
+    pub session: Option<Box<SessionReport>>,
     /// Prompt length the server sent (used only if the engine reported none).
     pub prompt_len: usize,
     /// Tokens received from the engine (used only if the engine reported no count).
@@ -86,6 +108,7 @@ pub struct Generation {
     prompt_len: usize,
     tokens_received: u64,
     prefill: Option<PrefillStats>,
+    session: Option<SessionReport>,
     stop_hit: Option<String>,
     queue: VecDeque<GenEvent>,
     done: bool,
@@ -112,6 +135,7 @@ fn map_add_error(e: AddRequestError) -> ApiError {
                 ApiError::ContextLength(core.to_string())
             }
             CoreAddError::DuplicateId(_) => ApiError::Internal(core.to_string()),
+            CoreAddError::SessionBusy(id) => ApiError::SessionBusy(id),
             other => ApiError::bad_request(other.to_string()),
         },
     }
@@ -135,6 +159,7 @@ impl Generation {
         );
         req.cache_salt = spec.cache_salt;
         req.priority = spec.priority;
+        req.session_id = spec.session_id;
         let engine = state.engine();
         let mut attempt = 0;
         let stream = loop {
@@ -157,6 +182,7 @@ impl Generation {
             prompt_len,
             tokens_received: 0,
             prefill: None,
+            session: None,
             stop_hit: None,
             queue: VecDeque::new(),
             done: false,
@@ -171,6 +197,11 @@ impl Generation {
     /// Prefill stats of the first output (known once the first event has been returned).
     pub fn prefill(&self) -> Option<&PrefillStats> {
         self.prefill.as_ref()
+    }
+
+    /// The session report of the latest output that carried one (session turns only).
+    pub fn session(&self) -> Option<&SessionReport> {
+        self.session.as_ref()
     }
 
     /// Prompt length as sent.
@@ -195,6 +226,9 @@ impl Generation {
                 Some(out) => {
                     if self.prefill.is_none() {
                         self.prefill = out.prefill_stats;
+                    }
+                    if out.session.is_some() {
+                        self.session = out.session.clone();
                     }
                     self.tokens_received += out.tokens.len() as u64;
                     let mut delta = Delta::default();
@@ -256,6 +290,7 @@ impl Generation {
             stop,
             prefill,
             metrics,
+            session: self.session.clone().map(Box::new),
             prompt_len: self.prompt_len,
             tokens_received: self.tokens_received,
         }));

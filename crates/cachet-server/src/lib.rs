@@ -9,6 +9,14 @@
 //! token counts come from the engine's `PrefillStats`; counters move only by the engine's
 //! per-interval deltas (see [`metrics::PrometheusLogger`]).
 //!
+//! **Sessions** (spec §5): a `session_id` on `/v1/chat/completions` or `/v1/messages` makes the
+//! request a turn of a resumable session (the engine keeps its KV between turns). Its usage
+//! counts the whole prompt sent, with retained + hit tokens as cached (built in `usage.rs` from
+//! the engine's `SessionReport`), and the response carries a `session` object saying whether
+//! the turn continued (`continued` / `new` / `history_mismatch`). A second turn in flight is a
+//! 409; `DELETE /v1/sessions/{id}` releases a session, `POST /reset_prefix_cache` empties the
+//! prefix cache.
+//!
 //! Entry points: [`ServerArgs`] (flags), [`router`] (the routes, for tests), [`serve`] (bind,
 //! serve, graceful shutdown), [`MetricsHandle`] (registry + stat logger for the engine).
 
@@ -33,7 +41,7 @@ use axum::extract::Request;
 use axum::http::HeaderValue;
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 use cachet_engine::EngineHandle;
 use thiserror::Error;
@@ -128,14 +136,16 @@ async fn echo_request_id(req: Request, next: Next) -> Response {
     resp
 }
 
-/// Every route. `/v1/*` require the API key when one is configured; `/health` and `/metrics`
-/// are always open.
+/// Every route. `/v1/*` and `/reset_prefix_cache` require the API key when one is configured;
+/// `/health`, `/metrics`, `/tokenize` and `/detokenize` are always open.
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(misc::models))
+        .route("/v1/sessions/{id}", delete(misc::delete_session))
+        .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

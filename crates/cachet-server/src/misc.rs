@@ -1,7 +1,7 @@
-//! Small routes: models, health, metrics, tokenize, detokenize.
+//! Small routes: models, health, metrics, tokenize, detokenize, session release, cache reset.
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,6 +11,7 @@ use serde_json::json;
 
 use crate::body::read_json;
 use crate::error::{ApiError, OpenAiError};
+use crate::generate::check_session_id;
 use crate::openai::{convert_messages, ChatMessageIn};
 use crate::AppState;
 
@@ -130,6 +131,26 @@ pub async fn detokenize(
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::bad_param("tokens", format!("Cannot decode the tokens: {e}")))?;
     Ok(Json(json!({"prompt": text})))
+}
+
+/// `DELETE /v1/sessions/{id}`: closes a parked session (its KV is released; full blocks stay in
+/// the prefix cache). 204 whether or not the session was parked (an unknown, closed or expired id
+/// is not an error). A turn in flight is not cancelled: it parks when it finishes, so send the
+/// DELETE after the turn's response.
+pub async fn delete_session(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, OpenAiError> {
+    check_session_id(&Some(id.clone()))?;
+    state.engine().release_session(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /reset_prefix_cache` (as in vLLM): drops every prefix-cache entry. `{"reset": false}`
+/// when a block is still held (a running request or a parked session: release those first).
+pub async fn reset_prefix_cache(State(state): State<AppState>) -> Json<serde_json::Value> {
+    let reset = state.engine().reset_prefix_cache().await;
+    Json(json!({ "reset": reset }))
 }
 
 pub async fn not_found() -> Response {

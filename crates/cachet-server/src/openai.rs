@@ -15,9 +15,11 @@ use serde_json::{json, Value};
 
 use crate::body::read_json;
 use crate::error::{ApiError, OpenAiError};
-use crate::generate::{Delta, Final, GenEvent, GenSpec, Generation, REQUEST_ID_HEADER};
+use crate::generate::{
+    check_session_id, Delta, Final, GenEvent, GenSpec, Generation, REQUEST_ID_HEADER,
+};
 use crate::sampling::{build_sampling, check_cache_salt, SamplingInput, StopField};
-use crate::usage::{openai_usage, request_metrics_json};
+use crate::usage::{openai_usage, request_metrics_json, session_json};
 use crate::AppState;
 
 /// A message's content: a string or a list of `{type: "text", text}` parts.
@@ -189,6 +191,9 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     #[serde(default)]
     pub top_logprobs: Option<u32>,
+    /// Resumable session (cachet extension; the SDKs send it via `extra_body`).
+    #[serde(default)]
+    pub session_id: Option<String>,
 }
 
 /// A completions prompt: one string or one token list (a batch of several is rejected).
@@ -298,6 +303,7 @@ fn final_or_abort(gen: &Generation, fin: Option<Final>) -> Final {
         stop: crate::generate::StopKind::Abort,
         prefill: gen.prefill().copied(),
         metrics: None,
+        session: gen.session().cloned().map(Box::new),
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
     })
@@ -336,6 +342,7 @@ pub async fn chat_completions(
     let input = req.common.sampling_input(max_tokens, logprobs);
     let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), param)?;
     check_cache_salt(&req.common.cache_salt)?;
+    check_session_id(&req.session_id)?;
     let spec = GenSpec {
         prompt,
         sampling,
@@ -347,6 +354,7 @@ pub async fn chat_completions(
             .unwrap_or_default(),
         cache_salt: req.common.cache_salt.clone(),
         priority: req.common.priority.unwrap_or(0),
+        session_id: req.session_id.clone(),
     };
     let gen = Generation::start(&state, &headers, "chatcmpl-", spec)?;
     run(
@@ -420,6 +428,7 @@ pub async fn completions(
             .unwrap_or_default(),
         cache_salt: req.common.cache_salt.clone(),
         priority: req.common.priority.unwrap_or(0),
+        session_id: None,
     };
     let gen = Generation::start(&state, &headers, "cmpl-", spec)?;
     run(
@@ -474,6 +483,9 @@ async fn run(
         "choices": [choice],
         "usage": openai_usage(&fin),
     });
+    if let Some(s) = &fin.session {
+        body["session"] = session_json(s);
+    }
     if state.per_request_metrics() {
         body["metrics"] = request_metrics_json(&fin);
     }
@@ -550,20 +562,26 @@ fn stream_events(
         let mut last = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
         usage_field(&mut last);
         let metrics = state.per_request_metrics().then(|| request_metrics_json(&fin));
+        let session = fin.session.as_deref().map(session_json);
+        // `session` and `metrics` ride on the usage chunk, or on the finish chunk without one.
+        let extras = |v: &mut Value| {
+            if let Some(s) = &session {
+                v["session"] = s.clone();
+            }
+            if let Some(m) = &metrics {
+                v["metrics"] = m.clone();
+            }
+        };
         if include_usage {
             yield data(&last);
             let mut usage = json!({
                 "id": id, "object": object, "created": created, "model": model,
                 "choices": [], "usage": openai_usage(&fin),
             });
-            if let Some(m) = metrics {
-                usage["metrics"] = m;
-            }
+            extras(&mut usage);
             yield data(&usage);
         } else {
-            if let Some(m) = metrics {
-                last["metrics"] = m;
-            }
+            extras(&mut last);
             yield data(&last);
         }
         yield Ok(Event::default().data("[DONE]"));

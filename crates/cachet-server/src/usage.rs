@@ -2,20 +2,47 @@
 //! beyond the sums and differences the APIs define.
 
 use cachet_core::PrefillStats;
+use cachet_engine::SessionReport;
 use serde_json::{json, Value};
 
 use crate::generate::Final;
 
+/// The three prompt-side numbers every API's usage is built from: (prompt, cached, created).
+///
+/// A plain request: the engine's prefill stats as they are. A session turn (spec §5): the client
+/// sent the whole conversation, so `prompt` is the whole prompt of the turn, `cached` every token
+/// whose KV was not computed for it (retained from earlier turns, or a prefix-cache hit; the
+/// engine's [`SessionReport::turn_cached_tokens`]) and `created` the turn's own chunk
+/// cache-creation count.
+fn prompt_numbers(
+    prefill: Option<&PrefillStats>,
+    session: Option<&SessionReport>,
+    fallback_prompt: u64,
+) -> (u64, u64, u64) {
+    let chunk = prefill.copied().unwrap_or_default();
+    match (session, prefill) {
+        (Some(s), _) => (
+            s.total_prompt_tokens,
+            s.turn_cached_tokens(&chunk),
+            chunk.cache_creation_tokens,
+        ),
+        (None, Some(p)) => (p.prompt_tokens, p.cached_tokens, p.cache_creation_tokens),
+        (None, None) => (fallback_prompt, 0, 0),
+    }
+}
+
 impl Final {
-    /// Prompt tokens as the engine counted them.
+    fn numbers(&self) -> (u64, u64, u64) {
+        let fallback = match &self.metrics {
+            Some(m) => m.prompt_tokens,
+            None => self.prompt_len as u64,
+        };
+        prompt_numbers(self.prefill.as_ref(), self.session.as_deref(), fallback)
+    }
+
+    /// Prompt tokens as the engine counted them (a session turn: the whole prompt sent).
     pub fn prompt_tokens(&self) -> u64 {
-        if let Some(p) = &self.prefill {
-            return p.prompt_tokens;
-        }
-        if let Some(m) = &self.metrics {
-            return m.prompt_tokens;
-        }
-        self.prompt_len as u64
+        self.numbers().0
     }
 
     /// Generated tokens as the engine counted them.
@@ -26,53 +53,64 @@ impl Final {
         }
     }
 
+    /// Prompt tokens not computed for this request (a session turn: retained + hit).
     pub fn cached_tokens(&self) -> u64 {
-        self.prefill.as_ref().map_or(0, |p| p.cached_tokens)
+        self.numbers().1
     }
 
     pub fn cache_creation_tokens(&self) -> u64 {
-        self.prefill.as_ref().map_or(0, |p| p.cache_creation_tokens)
+        self.numbers().2
     }
 }
 
 /// OpenAI `usage`, with `prompt_tokens_details` always present.
 pub fn openai_usage(f: &Final) -> Value {
-    let prompt = f.prompt_tokens();
+    let (prompt, cached, created) = f.numbers();
     let completion = f.completion_tokens();
     json!({
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {
-            "cached_tokens": f.cached_tokens(),
-            "created_cache_tokens": f.cache_creation_tokens(),
+            "cached_tokens": cached,
+            "created_cache_tokens": created,
         },
     })
 }
 
-/// Anthropic `usage`: `input_tokens` is what was neither read from nor written to the cache.
-pub fn anthropic_usage(f: &Final) -> Value {
-    let read = f.cached_tokens();
-    let creation = f.cache_creation_tokens();
+/// Anthropic `usage` from the prompt numbers: `input_tokens` is what was neither read from nor
+/// written to the cache (never negative).
+fn anthropic_usage_of((prompt, read, creation): (u64, u64, u64), output: u64) -> Value {
     json!({
-        "input_tokens": f.prompt_tokens().saturating_sub(read).saturating_sub(creation),
-        "output_tokens": f.completion_tokens(),
+        "input_tokens": prompt.saturating_sub(read).saturating_sub(creation),
+        "output_tokens": output,
         "cache_creation_input_tokens": creation,
         "cache_read_input_tokens": read,
     })
 }
 
+/// Anthropic `usage` of a finished request.
+pub fn anthropic_usage(f: &Final) -> Value {
+    anthropic_usage_of(f.numbers(), f.completion_tokens())
+}
+
 /// Anthropic `usage` of `message_start`: known before any output token.
-pub fn anthropic_start_usage(prefill: Option<&PrefillStats>, prompt_len: usize) -> Value {
-    let (prompt, read, creation) = match prefill {
-        Some(p) => (p.prompt_tokens, p.cached_tokens, p.cache_creation_tokens),
-        None => (prompt_len as u64, 0, 0),
-    };
+pub fn anthropic_start_usage(
+    prefill: Option<&PrefillStats>,
+    session: Option<&SessionReport>,
+    prompt_len: usize,
+) -> Value {
+    anthropic_usage_of(prompt_numbers(prefill, session, prompt_len as u64), 0)
+}
+
+/// The top-level `session` object of a session turn's response:
+/// `{"id", "continued", "status": "continued"|"new"|"history_mismatch", "turn"}`.
+pub fn session_json(s: &SessionReport) -> Value {
     json!({
-        "input_tokens": prompt.saturating_sub(read).saturating_sub(creation),
-        "output_tokens": 0,
-        "cache_creation_input_tokens": creation,
-        "cache_read_input_tokens": read,
+        "id": &*s.session_id,
+        "continued": s.continued,
+        "status": s.status,
+        "turn": s.turn,
     })
 }
 
@@ -95,15 +133,25 @@ pub fn prefix_cache_json(p: &PrefillStats) -> Value {
     })
 }
 
-/// The top-level `metrics` object of `--enable-per-request-metrics`.
+/// The top-level `metrics` object of `--enable-per-request-metrics`. `prefix_cache` is the
+/// request's (a session turn: the turn's own chunk) stats; a session turn adds `session`:
+/// `{"session_continued", "retained_tokens", "cumulative": {every PrefillStats field}}`.
 pub fn request_metrics_json(f: &Final) -> Value {
     let m = f.metrics.as_ref();
-    json!({
+    let mut v = json!({
         "queue_time_ms": m.map(|m| m.queue_time_ms),
         "time_to_first_token_ms": m.and_then(|m| m.time_to_first_token_ms),
         "generation_time_ms": m.map(|m| m.generation_time_ms),
         "mean_itl_ms": m.map(|m| m.mean_itl_ms),
         "tokens_per_second": m.map(|m| m.tokens_per_second),
         "prefix_cache": f.prefill.as_ref().map(prefix_cache_json),
-    })
+    });
+    if let Some(s) = &f.session {
+        v["session"] = json!({
+            "session_continued": s.continued,
+            "retained_tokens": s.retained_tokens,
+            "cumulative": prefix_cache_json(&s.cumulative),
+        });
+    }
+    v
 }
