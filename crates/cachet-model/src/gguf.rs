@@ -540,6 +540,45 @@ impl LlamaWeights {
         })
     }
 
+    /// Replaces every quantized matrix by its exact f32 dequantization: the matmuls then run
+    /// in f32 without activation quantization (slower, more memory; an accuracy reference).
+    pub fn dequantize_all(&mut self) -> Result<(), ModelError> {
+        fn deq(q: &mut QMatrix) -> Result<(), ModelError> {
+            if q.weight_type() == WeightType::F32 {
+                return Ok(());
+            }
+            let (rows, cols) = (q.rows(), q.cols());
+            let mut bytes = Vec::with_capacity(rows * cols * 4);
+            let mut row = vec![0f32; cols];
+            for r in 0..rows {
+                q.dequantize_row(r, &mut row);
+                for v in &row {
+                    bytes.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            *q = QMatrix::from_gguf_bytes(WeightType::F32, rows, cols, &bytes)
+                .map_err(|e| ModelError::Kernel(e.to_string()))?;
+            Ok(())
+        }
+        fn deq_fused(f: &mut Fused) -> Result<(), ModelError> {
+            match f {
+                Fused::One(q) => deq(q),
+                Fused::Many(v) => v.iter_mut().try_for_each(deq),
+            }
+        }
+        deq(&mut self.tok_embd)?;
+        if let Some(o) = &mut self.output {
+            deq(o)?;
+        }
+        for l in &mut self.layers {
+            deq_fused(&mut l.qkv)?;
+            deq(&mut l.wo)?;
+            deq_fused(&mut l.gate_up)?;
+            deq(&mut l.down)?;
+        }
+        Ok(())
+    }
+
     /// The lm_head: `output.weight`, or the tied embedding.
     pub fn lm_head(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)

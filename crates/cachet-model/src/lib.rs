@@ -43,6 +43,9 @@ pub struct LoadOptions {
     /// Compute the BLAKE3 fingerprint of the whole file (otherwise it hashes metadata and tensor
     /// infos only, which is faster but weaker).
     pub full_fingerprint: bool,
+    /// Dequantize all weights to f32 at load time: exact f32 matmuls without int8 activation
+    /// quantization (an accuracy reference; about 4 bytes per weight, slower).
+    pub dequantize_weights: bool,
 }
 
 impl Default for LoadOptions {
@@ -51,6 +54,7 @@ impl Default for LoadOptions {
             threads: 0,
             progress: true,
             full_fingerprint: true,
+            dequantize_weights: false,
         }
     }
 }
@@ -135,7 +139,10 @@ pub fn load_model(
     let path = path.as_ref();
     let file = gguf::GgufFile::open(path)?;
     let tokenizer = GgufTokenizer::from_gguf(&file)?;
-    let weights = LlamaWeights::load(&file, options.progress)?;
+    let mut weights = LlamaWeights::load(&file, options.progress)?;
+    if options.dequantize_weights {
+        weights.dequantize_all()?;
+    }
     let fingerprint = if options.full_fingerprint {
         file.fingerprint_full()
     } else {

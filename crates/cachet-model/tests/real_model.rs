@@ -17,30 +17,34 @@ use common::{generate_batched, Blocks, Req};
 
 const BLOCK: usize = 16;
 
+fn load(dequantize_weights: bool) -> Option<LoadedModel> {
+    let path = default_model_path();
+    if !path.exists() {
+        eprintln!(
+            "SKIP: default model {} not found (run `make model`)",
+            path.display()
+        );
+        return None;
+    }
+    let opts = LoadOptions {
+        threads: 2,
+        progress: false,
+        dequantize_weights,
+        ..Default::default()
+    };
+    Some(load_model(&path, &opts).expect("load default model"))
+}
+
+/// The default model as served (quantized weights, int8 activations).
 fn model() -> Option<&'static LoadedModel> {
     static M: OnceLock<Option<LoadedModel>> = OnceLock::new();
-    M.get_or_init(|| {
-        let path = default_model_path();
-        if !path.exists() {
-            eprintln!(
-                "SKIP: default model {} not found (run `make model`)",
-                path.display()
-            );
-            return None;
-        }
-        Some(
-            load_model(
-                &path,
-                &LoadOptions {
-                    threads: 2,
-                    progress: false,
-                    full_fingerprint: true,
-                },
-            )
-            .expect("load default model"),
-        )
-    })
-    .as_ref()
+    M.get_or_init(|| load(false)).as_ref()
+}
+
+/// The default model with all weights dequantized to f32 (exact f32 matmuls).
+fn model_exact() -> Option<&'static LoadedModel> {
+    static M: OnceLock<Option<LoadedModel>> = OnceLock::new();
+    M.get_or_init(|| load(true)).as_ref()
 }
 
 fn exec(m: &LoadedModel, kv: KvDtype) -> LlamaExecutor {
@@ -71,8 +75,25 @@ const PROMPTS: &[&str] = &[
     "Why is the sky blue?",
 ];
 
-/// Greedy decoding with candle-transformers' quantized llama.
-fn candle_greedy(prompt: &[u32], n: usize, eos: &[u32]) -> Vec<u32> {
+/// Greedy decoding with candle-transformers' quantized llama: tokens and each step's logits.
+/// `exact`: candle dequantizes every weight to f32 (`CANDLE_DEQUANTIZE_ALL`, read once per
+/// thread, so the model runs on a fresh thread under a lock).
+fn candle_greedy(prompt: &[u32], n: usize, eos: &[u32], exact: bool) -> (Vec<u32>, Vec<Vec<f32>>) {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    if exact {
+        std::env::set_var("CANDLE_DEQUANTIZE_ALL", "1");
+    } else {
+        std::env::remove_var("CANDLE_DEQUANTIZE_ALL");
+    }
+    let prompt = prompt.to_vec();
+    let eos = eos.to_vec();
+    std::thread::spawn(move || candle_greedy_inner(&prompt, n, &eos))
+        .join()
+        .expect("candle thread")
+}
+
+fn candle_greedy_inner(prompt: &[u32], n: usize, eos: &[u32]) -> (Vec<u32>, Vec<Vec<f32>>) {
     use candle_transformers::models::quantized_llama::ModelWeights;
     let path = default_model_path();
     let mut f = std::fs::File::open(&path).expect("open");
@@ -80,6 +101,7 @@ fn candle_greedy(prompt: &[u32], n: usize, eos: &[u32]) -> Vec<u32> {
     let dev = Device::Cpu;
     let mut w = ModelWeights::from_gguf(content, &mut f, &dev).expect("candle model");
     let mut out = Vec::new();
+    let mut all_logits = Vec::new();
     let mut input = prompt.to_vec();
     let mut pos = 0;
     while out.len() < n {
@@ -94,12 +116,125 @@ fn candle_greedy(prompt: &[u32], n: usize, eos: &[u32]) -> Vec<u32> {
         pos += input.len();
         let tok = cachet_model::sampling::argmax(&logits) as u32;
         out.push(tok);
+        all_logits.push(logits);
         if eos.contains(&tok) {
             break;
         }
         input = vec![tok];
     }
-    out
+    (out, all_logits)
+}
+
+/// cachet's logits along a given token path (teacher forcing): one row per token of `path`,
+/// the row for `path[i]` computed from `prompt + path[..i]`.
+fn cachet_logits_along(
+    e: &mut LlamaExecutor,
+    prompt: &[u32],
+    path: &[u32],
+    blocks: &mut Blocks,
+) -> Vec<Vec<f32>> {
+    use cachet_core::exec::SampleSpec;
+    use cachet_core::{ExecBatch, SeqChunk};
+    let params = SamplingParams::default();
+    let total = prompt.len() + path.len();
+    let table = blocks.alloc(total.div_ceil(BLOCK));
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(path);
+    let mut rows = Vec::new();
+    let mut start = 0;
+    let mut end = prompt.len();
+    for _ in 0..path.len() {
+        let batch = ExecBatch {
+            seqs: vec![SeqChunk {
+                slot: 0,
+                tokens: &seq[start..end],
+                start_pos: start,
+                block_table: &table,
+                sample: Some(SampleSpec {
+                    params: &params,
+                    prompt,
+                    output: &[],
+                }),
+            }],
+        };
+        rows.push(e.execute_logits(&batch).expect("execute").remove(0));
+        start = end;
+        end += 1;
+    }
+    rows
+}
+
+/// Exact arithmetic on both sides (weights dequantized to f32, f32 activations): greedy tokens
+/// must be identical and logits agree to ~1e-3. This checks the forward itself (rope style, GQA,
+/// tied lm_head, paged attention) against an independent implementation.
+#[test]
+fn greedy_matches_candle_quantized_llama_exact() {
+    let Some(m) = model_exact() else { return };
+    let eos = m.tokenizer.eos_token_ids();
+    let mut e = exec(m, KvDtype::F32);
+    let mut blocks = Blocks::new(4096);
+    for p in &PROMPTS[..4] {
+        let ids = chat(m, p);
+        let ours = cachet_greedy(&mut e, &ids, 32, &eos, &mut blocks);
+        let (theirs, their_logits) = candle_greedy(&ids, 32, &eos, true);
+        eprintln!("{p:?}: {:?}", m.tokenizer.decode(&ours, false));
+        assert_eq!(ours, theirs, "greedy tokens differ for {p:?}");
+        let along = cachet_logits_along(&mut e, &ids, &theirs, &mut blocks);
+        for (i, (a, b)) in along.iter().zip(&their_logits).enumerate() {
+            let diff = a
+                .iter()
+                .zip(b)
+                .fold(0f32, |mx, (x, y)| mx.max((x - y).abs()));
+            assert!(diff < 1e-2, "{p:?} step {i}: max logit difference {diff}");
+        }
+    }
+}
+
+/// The served path (quantized weights, int8 activations as in ggml) against candle's own
+/// quantized path (Q8_1 activations). The two round activations differently, which moves
+/// logits by up to ~2 on this small Q4_1 model and flips near-ties, so exact equality of long
+/// greedy runs is not expected (identical runs are counted and printed). What must hold: along
+/// candle's greedy path, candle's token is always cachet's argmax or within a near-tie margin.
+#[test]
+fn greedy_quantized_path_agrees_with_candle_up_to_near_ties() {
+    let Some(m) = model() else { return };
+    let eos = m.tokenizer.eos_token_ids();
+    let mut e = exec(m, KvDtype::F32);
+    let mut blocks = Blocks::new(4096);
+    let mut exact = 0;
+    let (mut worst_diff, mut worst_margin) = (0f32, 0f32);
+    for p in PROMPTS {
+        let ids = chat(m, p);
+        let ours = cachet_greedy(&mut e, &ids, 32, &eos, &mut blocks);
+        let (theirs, their_logits) = candle_greedy(&ids, 32, &eos, false);
+        if ours == theirs {
+            exact += 1;
+        }
+        let along = cachet_logits_along(&mut e, &ids, &theirs, &mut blocks);
+        for (i, (a, b)) in along.iter().zip(&their_logits).enumerate() {
+            let diff = a
+                .iter()
+                .zip(b)
+                .fold(0f32, |mx, (x, y)| mx.max((x - y).abs()));
+            let best = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let margin = best - a[theirs[i] as usize];
+            if std::env::var_os("CACHET_TEST_VERBOSE").is_some() {
+                eprintln!("  step {i}: max |logit diff| {diff:.3}, margin {margin:.3}");
+            }
+            worst_diff = worst_diff.max(diff);
+            worst_margin = worst_margin.max(margin);
+        }
+    }
+    eprintln!(
+        "identical greedy runs: {exact}/{}, worst logit diff {worst_diff}, worst margin {worst_margin}",
+        PROMPTS.len()
+    );
+    assert!(worst_diff < 3.0, "max logit difference {worst_diff}");
+    assert!(
+        worst_margin < 0.5,
+        "candle's token is {worst_margin} below cachet's best"
+    );
+    assert!(exact >= 1, "no prompt gave identical greedy tokens");
 }
 
 fn cachet_greedy(
@@ -112,25 +247,6 @@ fn cachet_greedy(
     let mut reqs = vec![Req::new(prompt.to_vec(), SamplingParams::greedy(n as u32))];
     generate_batched(e, &mut reqs, n, 512, BLOCK, blocks, eos);
     reqs.remove(0).output
-}
-
-#[test]
-fn greedy_matches_candle_quantized_llama() {
-    let Some(m) = model() else { return };
-    let eos = m.tokenizer.eos_token_ids();
-    let mut e = exec(m, KvDtype::F32);
-    let mut blocks = Blocks::new(512);
-    for p in &PROMPTS[..3] {
-        let ids = chat(m, p);
-        let ours = cachet_greedy(&mut e, &ids, 32, &eos, &mut blocks);
-        let theirs = candle_greedy(&ids, 32, &eos);
-        eprintln!(
-            "{p:?}\n  cachet: {:?}\n  candle: {:?}",
-            m.tokenizer.decode(&ours, false),
-            m.tokenizer.decode(&theirs, false)
-        );
-        assert_eq!(ours, theirs, "greedy tokens differ for {p:?}");
-    }
 }
 
 #[test]

@@ -278,6 +278,7 @@ fn case(dtype: GgmlDType, tied: bool, tol: f32) -> Case {
             threads: 2,
             progress: false,
             full_fingerprint: true,
+            ..Default::default()
         },
     )
     .expect("load tiny");
@@ -489,6 +490,7 @@ fn metadata_layout_and_fingerprint() {
             threads: 1,
             progress: false,
             full_fingerprint: true,
+            ..Default::default()
         },
     )
     .expect("load");
@@ -572,6 +574,7 @@ fn unsupported_architecture_is_named() {
             threads: 1,
             progress: false,
             full_fingerprint: false,
+            ..Default::default()
         },
     ) {
         Ok(_) => panic!("gemma must not load"),
