@@ -13,12 +13,11 @@ use crate::isa::{self, Isa};
 use crate::pool::ThreadPool;
 use crate::quant::{KernelError, SendPtr};
 
-/// Element type of the KV arena.
+/// Element type of the KV arena. The SIMD kernels recognise `f32` and `half::f16` (by type
+/// id); other implementations run the portable path.
 pub trait KvElem: Copy + Send + Sync + 'static {
     fn to_f32(self) -> f32;
     fn from_f32(v: f32) -> Self;
-    /// True for `half::f16` (lets the SIMD kernels pick the conversion path).
-    const IS_F16: bool = false;
 }
 
 impl KvElem for f32 {
@@ -41,7 +40,6 @@ impl KvElem for f16 {
     fn from_f32(v: f32) -> Self {
         f16::from_f32(v)
     }
-    const IS_F16: bool = true;
 }
 
 /// Arguments of [`paged_attention`].
