@@ -513,3 +513,11 @@ fn attention_bad_args_are_errors() {
     args.n_kv_heads = 2;
     assert!(try_paged_attention(&args, &q[..8], &k, &k, &mut out).is_err());
 }
+
+#[test]
+fn shared_types_are_send_sync() {
+    fn ok<T: Send + Sync>() {}
+    ok::<QMatrix>();
+    ok::<ThreadPool>();
+    ok::<cachet_kernels::KernelError>();
+}
