@@ -134,6 +134,13 @@ struct SendPtr(*mut f32);
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
+impl SendPtr {
+    /// Taking `self` makes closures capture the whole (Sync) wrapper, not the raw pointer.
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
 /// Runs a llama-family model over the core's paged KV blocks.
 pub struct LlamaExecutor {
     w: Arc<LlamaWeights>,
@@ -575,11 +582,10 @@ fn forward_impl<T: KvStore>(
                     scale,
                 };
                 let q = &qbuf[(base + a) * qd..(base + e) * qd];
-                let att = att;
                 // SAFETY: every task writes its own token rows [(base+a)..(base+e)) of `att`,
                 // which is at least t_n * qd long; the tasks are disjoint.
                 let out = unsafe {
-                    std::slice::from_raw_parts_mut(att.0.add((base + a) * qd), (e - a) * qd)
+                    std::slice::from_raw_parts_mut(att.get().add((base + a) * qd), (e - a) * qd)
                 };
                 paged_attention::<T>(&args, q, kk, vv, out);
             });

@@ -99,7 +99,7 @@ impl GgufFile {
         let dims = info.shape.dims().to_vec();
         let elems: usize = dims.iter().product();
         let bs = info.ggml_dtype.block_size();
-        if elems % bs != 0 {
+        if !elems.is_multiple_of(bs) {
             return Err(ModelError::Gguf(format!(
                 "tensor '{name}': {elems} elements not a multiple of block size {bs}"
             )));
@@ -259,7 +259,7 @@ impl LlamaConfig {
             .meta_u64(&format!("{a}.rope.dimension_count"))
             .map(|v| v as usize)
             .unwrap_or(head_dim);
-        if rope_dim > head_dim || rope_dim % 2 != 0 {
+        if rope_dim > head_dim || !rope_dim.is_multiple_of(2) {
             return Err(ModelError::Config(format!(
                 "bad rope dimension {rope_dim} for head dim {head_dim}"
             )));

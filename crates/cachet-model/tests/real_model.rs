@@ -142,8 +142,7 @@ fn cachet_logits_along(
     seq.extend_from_slice(path);
     let mut rows = Vec::new();
     let mut start = 0;
-    let mut end = prompt.len();
-    for _ in 0..path.len() {
+    for end in prompt.len()..total {
         let batch = ExecBatch {
             seqs: vec![SeqChunk {
                 slot: 0,
@@ -159,7 +158,6 @@ fn cachet_logits_along(
         };
         rows.push(e.execute_logits(&batch).expect("execute").remove(0));
         start = end;
-        end += 1;
     }
     rows
 }
