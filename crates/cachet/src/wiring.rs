@@ -172,6 +172,7 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                     threads: a.threads,
                     progress: true,
                     full_fingerprint: true,
+                    ..LoadOptions::default()
                 },
             )?;
             let num_blocks = a.num_kv_blocks.unwrap_or_else(|| {
