@@ -382,6 +382,27 @@ fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `out[t] = rms_norm(x[t]) * w` for `n` rows of width `h`, rows in parallel.
+fn norm_rows(
+    pool: &ThreadPool,
+    x: &[f32],
+    out: &mut [f32],
+    n: usize,
+    h: usize,
+    w: &[f32],
+    eps: f32,
+) {
+    let op = SendPtr(out.as_mut_ptr());
+    assert!(out.len() >= n * h && x.len() >= n * h);
+    par_rows(pool, n, &|r| {
+        // SAFETY: disjoint row ranges of `out`, which holds at least n rows (asserted).
+        let o = unsafe { rows_mut(op, h, &r) };
+        for (i, t) in r.enumerate() {
+            rms_norm(&x[t * h..(t + 1) * h], w, eps, &mut o[i * h..(i + 1) * h]);
+        }
+    });
+}
+
 fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
     let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
     let r = 1.0 / (ss + eps).sqrt();
@@ -408,6 +429,29 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
             }
         }
     }
+}
+
+/// Rows per task for the element-wise work spread over the pool.
+const ROWS_PER_TASK: usize = 8;
+
+/// Runs `f` over `0..n` split into row ranges, on the pool when there is more than one range.
+fn par_rows(pool: &ThreadPool, n: usize, f: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+    if n <= ROWS_PER_TASK {
+        f(0..n);
+        return;
+    }
+    pool.parallel_for(n.div_ceil(ROWS_PER_TASK), &|i| {
+        f(i * ROWS_PER_TASK..((i + 1) * ROWS_PER_TASK).min(n))
+    });
+}
+
+/// Rows `r` of a `[..][width]` buffer behind `p`.
+///
+/// # Safety
+/// The buffer must hold at least `r.end * width` elements and no other live reference may
+/// touch these rows (tasks of one `par_rows` call get disjoint ranges).
+unsafe fn rows_mut<'a>(p: SendPtr, width: usize, r: &std::ops::Range<usize>) -> &'a mut [f32] {
+    std::slice::from_raw_parts_mut(p.get().add(r.start * width), (r.end - r.start) * width)
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -489,14 +533,7 @@ fn forward_impl<T: KvStore>(
     let scale = 1.0 / (hd as f32).sqrt();
     for (lw, kv) in w.layers.iter().zip(layers.iter_mut()) {
         // Attention block.
-        for t in 0..t_n {
-            rms_norm(
-                &s.x[t * h..(t + 1) * h],
-                &lw.attn_norm,
-                eps,
-                &mut s.xn[t * h..(t + 1) * h],
-            );
-        }
+        norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.attn_norm, eps);
         fused_matmul(
             &lw.qkv,
             pool,
@@ -505,38 +542,51 @@ fn forward_impl<T: KvStore>(
             &mut s.qkv[..t_n * qkv_w],
             &mut s.part,
         );
+        {
+            // Bias, Q/K norms and rotary embeddings, token rows in parallel.
+            let qkv_p = SendPtr(s.qkv.as_mut_ptr());
+            let q_p = SendPtr(s.q.as_mut_ptr());
+            let pos = &s.pos;
+            par_rows(pool, t_n, &|r| {
+                // SAFETY: disjoint row ranges of `qkv` and `q`, both sized for t_n rows above.
+                let (rows, qrows) = unsafe { (rows_mut(qkv_p, qkv_w, &r), rows_mut(q_p, qd, &r)) };
+                for (i, t) in r.enumerate() {
+                    let row = &mut rows[i * qkv_w..(i + 1) * qkv_w];
+                    if let Some(b) = &lw.qkv_bias {
+                        for (v, &bb) in row.iter_mut().zip(b) {
+                            *v += bb;
+                        }
+                    }
+                    let p = pos[t];
+                    let cos = &rope_cos[p * half..(p + 1) * half];
+                    let sin = &rope_sin[p * half..(p + 1) * half];
+                    let (q, kvpart) = row.split_at_mut(qd);
+                    let k = &mut kvpart[..kvd];
+                    for qh in q.chunks_exact_mut(hd) {
+                        if let Some(n) = &lw.q_norm {
+                            rms_norm_inplace(qh, n, eps);
+                        }
+                        rope(&mut qh[..c.rope_dim], cos, sin, c.rope_style);
+                    }
+                    for kh in k.chunks_exact_mut(hd) {
+                        if let Some(n) = &lw.k_norm {
+                            rms_norm_inplace(kh, n, eps);
+                        }
+                        rope(&mut kh[..c.rope_dim], cos, sin, c.rope_style);
+                    }
+                    qrows[i * qd..(i + 1) * qd].copy_from_slice(q);
+                }
+            });
+        }
+        // K/V of each token into its slot.
         for t in 0..t_n {
-            let row = &mut s.qkv[t * qkv_w..(t + 1) * qkv_w];
-            if let Some(b) = &lw.qkv_bias {
-                for (v, &bb) in row.iter_mut().zip(b) {
-                    *v += bb;
-                }
-            }
-            let p = s.pos[t];
-            let cos = &rope_cos[p * half..(p + 1) * half];
-            let sin = &rope_sin[p * half..(p + 1) * half];
-            let (q, kvpart) = row.split_at_mut(qd);
-            let (k, v) = kvpart.split_at_mut(kvd);
-            for hh in 0..nh {
-                let qh = &mut q[hh * hd..(hh + 1) * hd];
-                if let Some(n) = &lw.q_norm {
-                    rms_norm_inplace(qh, n, eps);
-                }
-                rope(&mut qh[..c.rope_dim], cos, sin, c.rope_style);
-            }
-            for hh in 0..nkv {
-                let kh = &mut k[hh * hd..(hh + 1) * hd];
-                if let Some(n) = &lw.k_norm {
-                    rms_norm_inplace(kh, n, eps);
-                }
-                rope(&mut kh[..c.rope_dim], cos, sin, c.rope_style);
-            }
-            s.q[t * qd..(t + 1) * qd].copy_from_slice(q);
+            let row = &s.qkv[t * qkv_w..(t + 1) * qkv_w];
+            let (k, v) = row[qd..].split_at(kvd);
             let off = s.slot[t] * kvd;
-            for (d, &x) in kv.k[off..off + kvd].iter_mut().zip(k.iter()) {
+            for (d, &x) in kv.k[off..off + kvd].iter_mut().zip(k) {
                 *d = T::store(x);
             }
-            for (d, &x) in kv.v[off..off + kvd].iter_mut().zip(v.iter()) {
+            for (d, &x) in kv.v[off..off + kvd].iter_mut().zip(v) {
                 *d = T::store(x);
             }
         }
@@ -595,14 +645,7 @@ fn forward_impl<T: KvStore>(
             *x += d;
         }
         // Feed-forward block.
-        for t in 0..t_n {
-            rms_norm(
-                &s.x[t * h..(t + 1) * h],
-                &lw.ffn_norm,
-                eps,
-                &mut s.xn[t * h..(t + 1) * h],
-            );
-        }
+        norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.ffn_norm, eps);
         let f = c.ffn;
         fused_matmul(
             &lw.gate_up,
@@ -612,12 +655,19 @@ fn forward_impl<T: KvStore>(
             &mut s.gu[..t_n * 2 * f],
             &mut s.part,
         );
-        for t in 0..t_n {
-            let gu = &s.gu[t * 2 * f..(t + 1) * 2 * f];
-            let (g, u) = gu.split_at(f);
-            for ((a, &gv), &uv) in s.act[t * f..(t + 1) * f].iter_mut().zip(g).zip(u) {
-                *a = gv / (1.0 + (-gv).exp()) * uv;
-            }
+        {
+            let act = SendPtr(s.act.as_mut_ptr());
+            let gu_all = &s.gu;
+            par_rows(pool, t_n, &|r| {
+                // SAFETY: disjoint row ranges of `act`, sized for t_n rows above.
+                let out = unsafe { rows_mut(act, f, &r) };
+                for (i, t) in r.enumerate() {
+                    let (g, u) = gu_all[t * 2 * f..(t + 1) * 2 * f].split_at(f);
+                    for ((a, &gv), &uv) in out[i * f..(i + 1) * f].iter_mut().zip(g).zip(u) {
+                        *a = gv / (1.0 + (-gv).exp()) * uv;
+                    }
+                }
+            });
         }
         matmul(&lw.down, pool, &s.act[..t_n * f], t_n, &mut s.tmp);
         for (x, &d) in s.x[..t_n * h].iter_mut().zip(&s.tmp[..t_n * h]) {
