@@ -609,6 +609,7 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
             threads: a.threads,
             progress: false,
             full_fingerprint: false,
+            ..Default::default()
         },
     )?;
     let (rows, cold, warm, cached_tokens) = cachet_side(a, &model)?;
