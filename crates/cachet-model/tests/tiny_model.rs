@@ -65,16 +65,35 @@ fn tensor_names() -> Vec<(String, Vec<usize>)> {
 
 /// Writes the tiny model; `dtype` for matrices (norms stay F32); `tied`: no output.weight.
 fn write_tiny(dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
+    write_tiny_arch("llama", dtype, tied, seed)
+}
+
+/// `arch`: `llama`, `qwen2` (adds Q/K/V biases) or `qwen3` (adds per-head Q/K norms).
+fn write_tiny_arch(arch: &str, dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
     let mut rng = Rng(seed);
     let dev = Device::Cpu;
     let mut names = tensor_names();
     if !tied {
         names.push(("output.weight".to_string(), vec![VOCAB, HIDDEN]));
     }
+    for l in 0..LAYERS {
+        let kvd = KV_HEADS * HEAD_DIM;
+        if arch == "qwen2" {
+            names.push((format!("blk.{l}.attn_q.bias"), vec![HIDDEN]));
+            names.push((format!("blk.{l}.attn_k.bias"), vec![kvd]));
+            names.push((format!("blk.{l}.attn_v.bias"), vec![kvd]));
+        }
+        if arch == "qwen3" {
+            names.push((format!("blk.{l}.attn_q_norm.weight"), vec![HEAD_DIM]));
+            names.push((format!("blk.{l}.attn_k_norm.weight"), vec![HEAD_DIM]));
+        }
+    }
     let mut tensors = Vec::new();
     for (name, shape) in &names {
         let n: usize = shape.iter().product();
-        let data = if shape.len() == 1 {
+        let data = if name.ends_with(".bias") {
+            rng.vec(n, 0.3)
+        } else if shape.len() == 1 {
             rng.vec(n, 0.2).into_iter().map(|x| 1.0 + x).collect()
         } else {
             rng.vec(n, W_SCALE)
@@ -94,8 +113,8 @@ fn write_tiny(dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
     let mut types = vec![Value::I32(1); VOCAB];
     types[0] = Value::I32(3);
     let s = |x: &str| Value::String(x.to_string());
-    let meta: Vec<(&str, Value)> = vec![
-        ("general.architecture", s("llama")),
+    let mut meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", s(arch)),
         ("general.name", s("tiny-test")),
         ("llama.block_count", Value::U32(LAYERS as u32)),
         ("llama.context_length", Value::U32(256)),
@@ -113,9 +132,22 @@ fn write_tiny(dtype: GgmlDType, tied: bool, seed: u64) -> PathBuf {
         ("tokenizer.ggml.merges", Value::Array(vec![])),
         ("tokenizer.ggml.eos_token_id", Value::U32(0)),
     ];
+    let keys: Vec<String> = meta
+        .iter()
+        .map(|(k, _)| {
+            k.strip_prefix("llama.")
+                .map(|r| format!("{arch}.{r}"))
+                .unwrap_or(k.to_string())
+        })
+        .collect();
+    let meta: Vec<(&str, Value)> = keys
+        .iter()
+        .map(String::as_str)
+        .zip(meta.drain(..).map(|(_, v)| v))
+        .collect();
     let dir = std::env::temp_dir().join(format!("cachet-model-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
-    let path = dir.join(format!("tiny-{dtype:?}-{tied}-{seed}.gguf"));
+    let path = dir.join(format!("tiny-{arch}-{dtype:?}-{tied}-{seed}.gguf"));
     let mut f = std::fs::File::create(&path).expect("create");
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
     let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
@@ -172,14 +204,35 @@ impl Dense {
                 .map(|(v, g)| (*v as f64 * r) as f32 * g)
                 .collect()
         };
-        // Interleaved ("normal") rope as in ggml for llama.
+        // llama GGUFs: interleaved ("normal") rope, pairs (2i, 2i+1); qwen: NeoX halves.
+        let neox = self.t.contains_key("blk.0.attn_q.bias")
+            || self.t.contains_key("blk.0.attn_q_norm.weight");
         let rope = |x: &mut [f32], pos: usize| {
-            for i in 0..HEAD_DIM / 2 {
+            let half = HEAD_DIM / 2;
+            for i in 0..half {
                 let theta = (pos as f64) * (THETA as f64).powf(-((2 * i) as f64) / HEAD_DIM as f64);
                 let (c, s) = (theta.cos(), theta.sin());
-                let (a, b) = (x[2 * i] as f64, x[2 * i + 1] as f64);
-                x[2 * i] = (a * c - b * s) as f32;
-                x[2 * i + 1] = (a * s + b * c) as f32;
+                let (ia, ib) = if neox {
+                    (i, i + half)
+                } else {
+                    (2 * i, 2 * i + 1)
+                };
+                let (a, b) = (x[ia] as f64, x[ib] as f64);
+                x[ia] = (a * c - b * s) as f32;
+                x[ib] = (a * s + b * c) as f32;
+            }
+        };
+        let add = |x: &mut Vec<f32>, name: &str| {
+            if let Some(b) = self.t.get(name) {
+                x.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+            }
+        };
+        let head_norm = |x: &mut [f32], name: &str| {
+            if let Some(w) = self.t.get(name) {
+                for hx in x.chunks_mut(HEAD_DIM) {
+                    let y = rms(hx, w);
+                    hx.copy_from_slice(&y);
+                }
             }
         };
         let emb = self.w("token_embd.weight");
@@ -196,6 +249,10 @@ impl Dense {
                 let h = rms(x, self.w(&p("attn_norm.weight")));
                 let mut q = self.mv(&p("attn_q.weight"), &h);
                 let mut k = self.mv(&p("attn_k.weight"), &h);
+                add(&mut q, &p("attn_q.bias"));
+                add(&mut k, &p("attn_k.bias"));
+                head_norm(&mut q, &p("attn_q_norm.weight"));
+                head_norm(&mut k, &p("attn_k_norm.weight"));
                 for hh in 0..HEADS {
                     rope(&mut q[hh * HEAD_DIM..(hh + 1) * HEAD_DIM], pos);
                 }
@@ -204,7 +261,9 @@ impl Dense {
                 }
                 qs.push(q);
                 ks.push(k);
-                vs.push(self.mv(&p("attn_v.weight"), &h));
+                let mut v = self.mv(&p("attn_v.weight"), &h);
+                add(&mut v, &p("attn_v.bias"));
+                vs.push(v);
             }
             for i in 0..n {
                 let mut att = vec![0f32; HIDDEN];
@@ -271,7 +330,11 @@ struct Case {
 /// per matmul, which compounds to a few percent through 2 random layers; an indexing or
 /// dequantization bug gives errors of order 100%.
 fn case(dtype: GgmlDType, tied: bool, tol: f32) -> Case {
-    let path = write_tiny(dtype, tied, 7 + dtype as u64);
+    case_arch("llama", dtype, tied, tol)
+}
+
+fn case_arch(arch: &str, dtype: GgmlDType, tied: bool, tol: f32) -> Case {
+    let path = write_tiny_arch(arch, dtype, tied, 7 + dtype as u64);
     let model = load_model(
         &path,
         &LoadOptions {
@@ -581,4 +644,20 @@ fn unsupported_architecture_is_named() {
         Err(e) => e.to_string(),
     };
     assert!(err.contains("gemma"), "{err}");
+}
+
+#[test]
+fn qwen2_biases_and_neox_rope_match_dense_reference() {
+    let c = case_arch("qwen2", GgmlDType::F32, true, 2e-4);
+    assert_eq!(c.model.info.architecture, "qwen2");
+    run_scenarios(&c, KvDtype::F32);
+}
+
+#[test]
+fn qwen3_qk_norms_match_dense_reference() {
+    let c = case_arch("qwen3", GgmlDType::Q8_0, false, 4e-2);
+    assert_eq!(c.model.info.architecture, "qwen3");
+    run_scenarios(&c, KvDtype::F16);
+    let c = case_arch("qwen3", GgmlDType::F32, false, 2e-4);
+    run_scenarios(&c, KvDtype::F32);
 }
