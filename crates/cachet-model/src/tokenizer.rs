@@ -11,13 +11,20 @@ use std::sync::Arc;
 
 use candle_core::quantized::gguf_file::Value;
 use serde::{Deserialize, Serialize};
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
+use tokenizers::decoders::DecoderWrapper;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::{Prepend, Replace, Sequence as NormSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::NormalizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::gguf::GgufFile;
@@ -48,6 +55,7 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// Token types of `tokenizer.ggml.token_type`.
+const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
 
@@ -72,6 +80,64 @@ struct Inner {
     special: Vec<bool>,
     env: minijinja::Environment<'static>,
     pre: String,
+    kind: Kind,
+}
+
+/// Which tokenizer family a GGUF uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// `gpt2`: byte-level BPE with merges.
+    ByteLevel,
+    /// `llama`: SentencePiece-style BPE over `▁`-joined text with `<0xNN>` byte fallback.
+    Spm,
+}
+
+struct Spec<'a> {
+    kind: Kind,
+    tokens: Vec<String>,
+    merges: Vec<(String, String)>,
+    types: Vec<i64>,
+    pre: &'a str,
+    template: &'a str,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    eos_ids: Vec<u32>,
+    add_bos: bool,
+    add_space_prefix: bool,
+}
+
+/// BPE merges equivalent to SentencePiece's score-driven merging: every split of a vocabulary
+/// piece into two vocabulary pieces is a merge, ranked by the merged piece's score (higher
+/// first), then by its id.
+fn spm_merges(tokens: &[String], scores: &[f32], types: &[i64]) -> Vec<(String, String)> {
+    let mergeable =
+        |id: usize| matches!(types.get(id), Some(&t) if t == 1 || t == TOKEN_TYPE_USER_DEFINED);
+    let vocab: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| mergeable(*i))
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
+    let mut cands: Vec<(f32, usize, usize)> = Vec::new();
+    for (id, t) in tokens.iter().enumerate() {
+        if !mergeable(id) {
+            continue;
+        }
+        for (i, _) in t.char_indices().skip(1) {
+            let (l, r) = t.split_at(i);
+            if vocab.contains_key(l) && vocab.contains_key(r) {
+                cands.push((scores.get(id).copied().unwrap_or(0.0), id, i));
+            }
+        }
+    }
+    cands.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    cands
+        .into_iter()
+        .map(|(_, id, i)| {
+            let (l, r) = tokens[id].split_at(i);
+            (l.to_string(), r.to_string())
+        })
+        .collect()
 }
 
 /// A GGUF model's tokenizer: cheap to clone (shared).
@@ -165,11 +231,16 @@ impl GgufTokenizer {
     /// Builds the tokenizer from GGUF metadata.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
         let model = f.meta_str("tokenizer.ggml.model").unwrap_or("gpt2");
-        if model != "gpt2" {
-            return Err(ModelError::Tokenizer(format!(
-                "tokenizer model '{model}' is not supported (supported: 'gpt2' byte-level BPE)"
-            )));
-        }
+        let kind = match model {
+            "gpt2" => Kind::ByteLevel,
+            "llama" => Kind::Spm,
+            other => {
+                return Err(ModelError::Tokenizer(format!(
+                    "tokenizer model '{other}' is not supported (supported: 'gpt2' byte-level BPE, \
+                     'llama' SentencePiece-style BPE)"
+                )))
+            }
+        };
         let tokens: Vec<String> = f
             .meta_array("tokenizer.ggml.tokens")
             .ok_or_else(|| ModelError::MissingMetadata("tokenizer.ggml.tokens".into()))?
@@ -194,6 +265,27 @@ impl GgufTokenizer {
             .meta_array("tokenizer.ggml.token_type")
             .map(|a| a.iter().map(|v| value_i64(v).unwrap_or(1)).collect())
             .unwrap_or_else(|| vec![1; tokens.len()]);
+        let merges = match kind {
+            Kind::ByteLevel => merges,
+            Kind::Spm => {
+                let scores: Vec<f32> = f
+                    .meta_array("tokenizer.ggml.scores")
+                    .map(|a| {
+                        a.iter()
+                            .map(|v| match v {
+                                Value::F32(x) => *x,
+                                Value::F64(x) => *x as f32,
+                                _ => 0.0,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                spm_merges(&tokens, &scores, &types)
+            }
+        };
+        let add_space_prefix = f
+            .meta_bool("tokenizer.ggml.add_space_prefix")
+            .unwrap_or(true);
         let pre = f
             .meta_str("tokenizer.ggml.pre")
             .unwrap_or("default")
@@ -209,7 +301,9 @@ impl GgufTokenizer {
         };
         let bos = id("tokenizer.ggml.bos_token_id");
         let eos = id("tokenizer.ggml.eos_token_id");
-        let add_bos = f.meta_bool("tokenizer.ggml.add_bos_token").unwrap_or(false);
+        let add_bos = f
+            .meta_bool("tokenizer.ggml.add_bos_token")
+            .unwrap_or(kind == Kind::Spm);
         let mut eos_ids: Vec<u32> = Vec::new();
         for k in [
             "tokenizer.ggml.eos_token_id",
@@ -230,35 +324,81 @@ impl GgufTokenizer {
                 eos_ids.push(i as u32);
             }
         }
-        Self::build(
-            tokens, merges, types, &pre, &template, bos, eos, eos_ids, add_bos,
-        )
+        Self::build(Spec {
+            kind,
+            tokens,
+            merges,
+            types,
+            pre: &pre,
+            template: &template,
+            bos,
+            eos,
+            eos_ids,
+            add_bos,
+            add_space_prefix,
+        })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn build(
-        tokens: Vec<String>,
-        merges: Vec<(String, String)>,
-        types: Vec<i64>,
-        pre: &str,
-        template: &str,
-        bos: Option<u32>,
-        eos: Option<u32>,
-        eos_ids: Vec<u32>,
-        add_bos: bool,
-    ) -> Result<Self, ModelError> {
+    fn build(spec: Spec<'_>) -> Result<Self, ModelError> {
+        let Spec {
+            kind,
+            tokens,
+            merges,
+            types,
+            pre,
+            template,
+            bos,
+            eos,
+            eos_ids,
+            add_bos,
+            add_space_prefix,
+        } = spec;
         let vocab: tokenizers::models::bpe::Vocab = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(tk_err)?;
-        let mut tk = Tokenizer::new(bpe);
-        tk.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
-        tk.with_decoder(Some(ByteLevelDecoder::default()));
+        let mut tk = match kind {
+            Kind::ByteLevel => {
+                let bpe = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .build()
+                    .map_err(tk_err)?;
+                let mut tk = Tokenizer::new(bpe);
+                tk.with_pre_tokenizer(Some(pre_tokenizer_for(pre)?));
+                tk.with_decoder(Some(ByteLevelDecoder::default()));
+                tk
+            }
+            Kind::Spm => {
+                let mut b = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .byte_fallback(true)
+                    .fuse_unk(true);
+                if let Some(unk) = types.iter().position(|&t| t == TOKEN_TYPE_UNKNOWN) {
+                    b = b.unk_token(tokens[unk].clone());
+                }
+                let mut tk = Tokenizer::new(b.build().map_err(tk_err)?);
+                let mut norms = Vec::new();
+                if add_space_prefix {
+                    norms.push(NormalizerWrapper::Prepend(Prepend::new("\u{2581}".into())));
+                }
+                norms.push(NormalizerWrapper::Replace(
+                    Replace::new(" ", "\u{2581}").map_err(tk_err)?,
+                ));
+                tk.with_normalizer(Some(NormalizerWrapper::Sequence(NormSequence::new(norms))))
+                    .map_err(tk_err)?;
+                let mut decs = vec![
+                    DecoderWrapper::Replace(Replace::new("\u{2581}", " ").map_err(tk_err)?),
+                    DecoderWrapper::ByteFallback(ByteFallback::new()),
+                    DecoderWrapper::Fuse(Fuse::new()),
+                ];
+                if add_space_prefix {
+                    decs.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+                }
+                tk.with_decoder(Some(DecoderSequence::new(decs)));
+                tk
+            }
+        };
         let mut special = vec![false; tokens.len()];
         let mut specials = Vec::new();
         let mut user = Vec::new();
@@ -286,6 +426,7 @@ impl GgufTokenizer {
                 special,
                 env,
                 pre: pre.to_string(),
+                kind,
             }),
         })
     }
@@ -389,6 +530,16 @@ impl GgufTokenizer {
         let t = self.token_text(id)?;
         if self.is_special(id) {
             return Some(t.as_bytes().to_vec());
+        }
+        if self.inner.kind == Kind::Spm {
+            if let Some(b) = t
+                .strip_prefix("<0x")
+                .and_then(|r| r.strip_suffix('>'))
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                return Some(vec![b]);
+            }
+            return Some(t.replace('\u{2581}', " ").into_bytes());
         }
         let map = byte_level_decoder_map();
         let mut out = Vec::with_capacity(t.len());

@@ -129,3 +129,99 @@ fn incremental_detokenizer_never_splits_characters() {
         assert_eq!(d.push(t, &emoji[1..]).expect("push"), "😀");
     }
 }
+
+/// A SentencePiece-style (`tokenizer.ggml.model = "llama"`) vocabulary written to a GGUF here,
+/// with merges derived by hand from SentencePiece's rule (repeatedly merge the adjacent pair
+/// whose merged piece has the highest score).
+#[test]
+fn spm_llama_vocab_from_gguf() {
+    use candle_core::quantized::gguf_file::{self, Value};
+    let mut pieces: Vec<(String, f32, i32)> = vec![
+        ("<unk>".into(), 0.0, 2),
+        ("<s>".into(), 0.0, 3),
+        ("</s>".into(), 0.0, 3),
+    ];
+    for b in 0..=255u8 {
+        pieces.push((format!("<0x{b:02X}>"), 0.0, 6));
+    }
+    for (p, sc) in [
+        ("▁", -1.0),
+        ("h", -3.0),
+        ("e", -3.0),
+        ("l", -3.0),
+        ("o", -3.0),
+        ("w", -3.0),
+        ("r", -3.0),
+        ("d", -3.0),
+        ("ll", -2.0),
+        ("▁h", -2.1),
+        ("▁he", -1.5),
+        ("▁hell", -1.2),
+        ("▁hello", -1.0),
+        ("▁w", -2.5),
+        ("or", -2.6),
+        ("▁wor", -2.0),
+        ("ld", -2.7),
+        ("▁world", -0.5),
+    ] {
+        pieces.push((p.into(), sc, 1));
+    }
+    let id = |p: &str| pieces.iter().position(|x| x.0 == p).expect("piece") as u32;
+    let meta: Vec<(&str, Value)> = vec![
+        ("general.architecture", Value::String("llama".into())),
+        ("tokenizer.ggml.model", Value::String("llama".into())),
+        (
+            "tokenizer.ggml.tokens",
+            Value::Array(pieces.iter().map(|p| Value::String(p.0.clone())).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            Value::Array(pieces.iter().map(|p| Value::F32(p.1)).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type",
+            Value::Array(pieces.iter().map(|p| Value::I32(p.2)).collect()),
+        ),
+        ("tokenizer.ggml.bos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(2)),
+        ("tokenizer.ggml.unknown_token_id", Value::U32(0)),
+    ];
+    let path = std::env::temp_dir().join(format!("cachet-spm-{}.gguf", std::process::id()));
+    let mut f = std::fs::File::create(&path).expect("create");
+    let refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
+    gguf_file::write(&mut f, &refs, &[]).expect("write");
+    drop(f);
+    let t = GgufTokenizer::from_gguf(&GgufFile::open(&path).expect("open")).expect("tokenizer");
+
+    assert_eq!(
+        t.encode("hello world", false).expect("enc"),
+        vec![id("▁hello"), id("▁world")]
+    );
+    assert!(t.add_bos());
+    assert_eq!(t.encode("hello", true).expect("enc"), vec![1, id("▁hello")]);
+    // Unknown characters fall back to their UTF-8 bytes.
+    let hi = t.encode("hi é", false).expect("enc");
+    assert_eq!(
+        hi,
+        vec![id("▁h"), id("<0x69>"), id("▁"), id("<0xC3>"), id("<0xA9>")]
+    );
+    assert_eq!(t.decode(&hi, false).expect("dec"), "hi é");
+    assert_eq!(
+        t.decode(&[id("▁hello"), id("▁world")], false).expect("dec"),
+        "hello world"
+    );
+    assert_eq!(t.token_to_piece(id("▁world")).expect("piece"), " world");
+    assert_eq!(t.token_bytes(id("<0xC3>")), Some(vec![0xC3]));
+    assert_eq!(t.eos_token_ids(), vec![2]);
+    // Streaming holds back the first byte of "é".
+    let mut d = IncrementalDetokenizer::new(false);
+    let mut out = String::new();
+    for &i in &hi {
+        let piece = d.push(&t, &[i]).expect("push");
+        assert!(!piece.contains('\u{FFFD}'));
+        out.push_str(&piece);
+    }
+    out.push_str(&d.finish(&t).expect("finish"));
+    assert_eq!(out, "hi é");
+    let _ = std::fs::remove_file(&path);
+}
