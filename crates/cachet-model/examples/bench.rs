@@ -1,5 +1,5 @@
 //! Throughput of the default model on this machine:
-//! `cargo run --release -p cachet-model --example bench [-- THREADS]`.
+//! `cargo run --release -p cachet-model --example bench [-- THREADS] [--exact]`.
 //!
 //! * prefill: one 512-token prompt in a single step (tokens/s);
 //! * decode at batch 1 and 8: greedy steps after a 64-token prompt (generated tokens/s).

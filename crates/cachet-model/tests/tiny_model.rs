@@ -661,3 +661,13 @@ fn qwen3_qk_norms_match_dense_reference() {
     let c = case_arch("qwen3", GgmlDType::F32, false, 2e-4);
     run_scenarios(&c, KvDtype::F32);
 }
+
+#[test]
+fn thread_safety_of_public_types() {
+    fn send<T: Send>() {}
+    fn send_sync<T: Send + Sync>() {}
+    send::<LlamaExecutor>();
+    send_sync::<cachet_model::GgufTokenizer>();
+    send_sync::<LoadedModel>();
+    send_sync::<cachet_model::IncrementalDetokenizer>();
+}
