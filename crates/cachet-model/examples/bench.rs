@@ -61,26 +61,32 @@ fn seqs(n: usize, prompt_len: usize, max_len: usize) -> Vec<Seq> {
 }
 
 fn main() {
-    let threads = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let threads = args.iter().find_map(|s| s.parse().ok()).unwrap_or(0);
+    // `--exact`: weights dequantized to f32 at load (no int8 activation quantization).
+    let dequantize_weights = args.iter().any(|a| a == "--exact");
     let path = default_model_path();
     let t0 = Instant::now();
     let m = load_model(
         &path,
         &LoadOptions {
             threads,
+            dequantize_weights,
             ..Default::default()
         },
     )
     .expect("load model");
     println!(
-        "loaded {} ({}) in {:.2}s with {} threads",
+        "loaded {} ({}) in {:.2}s with {} threads{}",
         m.info.name,
         path.display(),
         t0.elapsed().as_secs_f64(),
-        m.threads
+        m.threads,
+        if dequantize_weights {
+            " (weights dequantized to f32)"
+        } else {
+            ""
+        }
     );
     let mut e = m
         .executor(ExecutorConfig {
