@@ -47,6 +47,8 @@ enum Cmd {
         #[arg(long, value_enum, default_value = "text")]
         output: OutputFormat,
     },
+    /// Benchmarks: load-test a server, compare with llama.cpp, time the model executor.
+    Bench(cachet_bench::BenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,6 +80,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Serve { engine, server } => serve(engine, server),
+        Cmd::Bench(b) => cachet_bench::run(b.cmd),
     }
 }
 
