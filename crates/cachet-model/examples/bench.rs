@@ -60,6 +60,48 @@ fn seqs(n: usize, prompt_len: usize, max_len: usize) -> Vec<Seq> {
         .collect()
 }
 
+/// Time of the model's matmuls alone for `m` rows (all layers; lm_head for `lm_rows` rows).
+fn matmul_only(m_model: &cachet_model::LoadedModel, m: usize, lm_rows: usize) -> f64 {
+    use cachet_model::gguf::Fused;
+    let w = &m_model.weights;
+    let pool = cachet_kernels::ThreadPool::new(m_model.threads);
+    let mut x = vec![0.01f32; m * w.config.ffn.max(w.config.hidden) * 2];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = ((i % 97) as f32 - 48.0) / 97.0;
+    }
+    let mut y = vec![0f32; m * (w.config.vocab_size.max(4 * w.config.ffn))];
+    let run = |q: &cachet_kernels::QMatrix, rows: usize, y: &mut [f32]| {
+        q.matmul(
+            &pool,
+            &x[..rows * q.cols()],
+            rows,
+            &mut y[..rows * q.rows()],
+        )
+    };
+    let t = Instant::now();
+    for l in &w.layers {
+        for f in [&l.qkv, &l.gate_up] {
+            match f {
+                Fused::One(q) => run(q, m, &mut y),
+                Fused::Many(v) => v.iter().for_each(|q| run(q, m, &mut y)),
+            }
+        }
+        run(&l.wo, m, &mut y);
+        run(&l.down, m, &mut y);
+    }
+    run(w.lm_head(), lm_rows, &mut y);
+    t.elapsed().as_secs_f64()
+}
+
+fn print_profile(e: &LlamaExecutor, calls: f64) {
+    let parts: Vec<String> = e
+        .profile()
+        .into_iter()
+        .map(|(n, t)| format!("{n} {:.2}ms", t * 1000.0 / calls))
+        .collect();
+    println!("    per step: {}", parts.join(", "));
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let threads = args.iter().find_map(|s| s.parse().ok()).unwrap_or(0);
@@ -99,32 +141,45 @@ fn main() {
 
     // Prefill: 512 tokens in one step (warm up once).
     let mut best = f64::MAX;
+    e.set_profiling(true);
     for _ in 0..3 {
         let mut s = seqs(1, 512, 600);
         let t = Instant::now();
         step(&mut e, &mut s, &params);
         best = best.min(t.elapsed().as_secs_f64());
     }
+    let mm = (0..3)
+        .map(|_| matmul_only(&m, 512, 1))
+        .fold(f64::MAX, f64::min);
     println!(
-        "prefill 512 tokens: {:.3}s = {:.0} tok/s",
+        "prefill 512 tokens: {:.3}s = {:.0} tok/s (matmuls alone {:.3}s = {:.0}%)",
         best,
-        512.0 / best
+        512.0 / best,
+        mm,
+        100.0 * mm / best
     );
+    print_profile(&e, 3.0);
 
     for batch in [1usize, 8] {
         let steps = 64;
         let mut s = seqs(batch, 64, 64 + steps + 8);
         step(&mut e, &mut s, &params);
         step(&mut e, &mut s, &params); // warm-up decode
+        e.set_profiling(true);
         let t = Instant::now();
         for _ in 0..steps {
             step(&mut e, &mut s, &params);
         }
         let dt = t.elapsed().as_secs_f64();
+        let mm = (0..5)
+            .map(|_| matmul_only(&m, batch, batch))
+            .fold(f64::MAX, f64::min);
         println!(
-            "decode batch {batch}: {:.1} ms/step, {:.1} tok/s",
+            "decode batch {batch}: {:.1} ms/step, {:.1} tok/s (matmuls alone {:.1} ms/step)",
             dt * 1000.0 / steps as f64,
-            (batch * steps) as f64 / dt
+            (batch * steps) as f64 / dt,
+            mm * 1000.0
         );
+        print_profile(&e, steps as f64);
     }
 }

@@ -101,9 +101,49 @@ fn new_layers<T: KvStore>(n_layers: usize, elems: usize) -> Vec<LayerKv<T>> {
         .collect()
 }
 
+/// Names of the phases timed by [`LlamaExecutor::set_profiling`].
+pub const PROFILE_PHASES: [&str; 8] = [
+    "embed",
+    "norms+swiglu",
+    "qkv matmul",
+    "rope+kv write",
+    "attention",
+    "o/ffn matmuls",
+    "lm_head",
+    "sampling",
+];
+
+/// Accumulated wall time per phase (only when enabled).
+#[derive(Default)]
+struct Prof {
+    on: bool,
+    last: Option<std::time::Instant>,
+    acc: [f64; 8],
+}
+
+impl Prof {
+    #[inline]
+    fn start(&mut self) {
+        if self.on {
+            self.last = Some(std::time::Instant::now());
+        }
+    }
+    #[inline]
+    fn mark(&mut self, phase: usize) {
+        if self.on {
+            let now = std::time::Instant::now();
+            if let Some(l) = self.last {
+                self.acc[phase] += (now - l).as_secs_f64();
+            }
+            self.last = Some(now);
+        }
+    }
+}
+
 /// Scratch buffers reused across steps (grown, never shrunk).
 #[derive(Default)]
 struct Scratch {
+    prof: Prof,
     x: Vec<f32>,
     xn: Vec<f32>,
     qkv: Vec<f32>,
@@ -221,6 +261,23 @@ impl LlamaExecutor {
             eos: Vec::new(),
             rng,
         })
+    }
+
+    /// Turns per-phase timing on or off (off by default; resets the totals).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.s.prof = Prof {
+            on,
+            ..Prof::default()
+        };
+    }
+
+    /// Seconds spent per phase since profiling was enabled, named by [`PROFILE_PHASES`].
+    pub fn profile(&self) -> Vec<(&'static str, f64)> {
+        PROFILE_PHASES
+            .iter()
+            .copied()
+            .zip(self.s.prof.acc.iter().copied())
+            .collect()
     }
 
     /// EOS tokens masked while a request has fewer than `min_tokens` outputs.
@@ -375,7 +432,7 @@ impl LlamaExecutor {
 }
 
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let ss: f32 = sum_squares(x) / x.len() as f32;
     let r = 1.0 / (ss + eps).sqrt();
     for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
         *o = v * r * g;
@@ -403,8 +460,35 @@ fn norm_rows(
     });
 }
 
+/// `x[t] += d[t]` for `n` rows of width `h`, rows in parallel.
+fn add_rows(pool: &ThreadPool, x: &mut [f32], d: &[f32], n: usize, h: usize) {
+    assert!(x.len() >= n * h && d.len() >= n * h);
+    let xp = SendPtr(x.as_mut_ptr());
+    par_rows(pool, n, &|r| {
+        // SAFETY: disjoint row ranges of `x`, which holds at least n rows (asserted).
+        let xs = unsafe { rows_mut(xp, h, &r) };
+        for (a, &b) in xs.iter_mut().zip(&d[r.start * h..r.end * h]) {
+            *a += b;
+        }
+    });
+}
+
+/// `Σ x²` over 8 independent lanes (vectorises; a plain `sum` is a serial chain).
+#[inline]
+fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let rest: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += c[i] * c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
 fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let ss: f32 = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let ss: f32 = sum_squares(x) / x.len() as f32;
     let r = 1.0 / (ss + eps).sqrt();
     for (v, &g) in x.iter_mut().zip(w) {
         *v = *v * r * g;
@@ -520,6 +604,7 @@ fn forward_impl<T: KvStore>(
     grow(&mut s.gu, t_n * 2 * c.ffn);
     grow(&mut s.act, t_n * c.ffn);
 
+    s.prof.start();
     // Embeddings.
     let mut row = 0;
     for seq in &batch.seqs {
@@ -530,10 +615,12 @@ fn forward_impl<T: KvStore>(
         }
     }
 
+    s.prof.mark(0);
     let scale = 1.0 / (hd as f32).sqrt();
     for (lw, kv) in w.layers.iter().zip(layers.iter_mut()) {
         // Attention block.
         norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.attn_norm, eps);
+        s.prof.mark(1);
         fused_matmul(
             &lw.qkv,
             pool,
@@ -542,6 +629,7 @@ fn forward_impl<T: KvStore>(
             &mut s.qkv[..t_n * qkv_w],
             &mut s.part,
         );
+        s.prof.mark(2);
         {
             // Bias, Q/K norms and rotary embeddings, token rows in parallel.
             let qkv_p = SendPtr(s.qkv.as_mut_ptr());
@@ -590,6 +678,7 @@ fn forward_impl<T: KvStore>(
                 *d = T::store(x);
             }
         }
+        s.prof.mark(3);
         if batch.seqs.len() == 1 {
             // One sequence (e.g. batch-1 decode): spread (token, kv head) items over the pool.
             let seq = &batch.seqs[0];
@@ -640,12 +729,13 @@ fn forward_impl<T: KvStore>(
                 paged_attention::<T>(&args, q, kk, vv, out);
             });
         }
+        s.prof.mark(4);
         matmul(&lw.wo, pool, &s.att[..t_n * qd], t_n, &mut s.tmp);
-        for (x, &d) in s.x[..t_n * h].iter_mut().zip(&s.tmp[..t_n * h]) {
-            *x += d;
-        }
+        s.prof.mark(5);
+        add_rows(pool, &mut s.x, &s.tmp, t_n, h);
         // Feed-forward block.
         norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.ffn_norm, eps);
+        s.prof.mark(1);
         let f = c.ffn;
         fused_matmul(
             &lw.gate_up,
@@ -655,6 +745,7 @@ fn forward_impl<T: KvStore>(
             &mut s.gu[..t_n * 2 * f],
             &mut s.part,
         );
+        s.prof.mark(5);
         {
             let act = SendPtr(s.act.as_mut_ptr());
             let gu_all = &s.gu;
@@ -664,15 +755,15 @@ fn forward_impl<T: KvStore>(
                 for (i, t) in r.enumerate() {
                     let (g, u) = gu_all[t * 2 * f..(t + 1) * 2 * f].split_at(f);
                     for ((a, &gv), &uv) in out[i * f..(i + 1) * f].iter_mut().zip(g).zip(u) {
-                        *a = gv / (1.0 + (-gv).exp()) * uv;
+                        *a = crate::math::silu(gv) * uv;
                     }
                 }
             });
         }
+        s.prof.mark(1);
         matmul(&lw.down, pool, &s.act[..t_n * f], t_n, &mut s.tmp);
-        for (x, &d) in s.x[..t_n * h].iter_mut().zip(&s.tmp[..t_n * h]) {
-            *x += d;
-        }
+        s.prof.mark(5);
+        add_rows(pool, &mut s.x, &s.tmp, t_n, h);
     }
 
     // Final norm + lm_head only for sampled rows.
@@ -693,6 +784,7 @@ fn forward_impl<T: KvStore>(
     grow(&mut s.logits, n_s * v);
     w.lm_head()
         .matmul(pool, &s.xs[..n_s * h], n_s, &mut s.logits[..n_s * v]);
+    s.prof.mark(6);
 }
 
 impl Executor for LlamaExecutor {
@@ -713,6 +805,7 @@ impl Executor for LlamaExecutor {
 
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
         self.forward(batch)?;
+        self.s.prof.start();
         let v = self.w.config.vocab_size;
         let mut out = Vec::with_capacity(batch.seqs.len());
         let mut row = 0;
@@ -734,6 +827,7 @@ impl Executor for LlamaExecutor {
                 None => out.push(None),
             }
         }
+        self.s.prof.mark(7);
         Ok(out)
     }
 }

@@ -10,6 +10,8 @@
 use cachet_core::request::SamplingParams;
 use cachet_core::{Sampled, TokenId};
 
+use crate::math::exp_f32;
+
 /// Reusable buffers for sampling (kept by the executor: no per-step large allocations).
 #[derive(Default)]
 pub struct SamplerScratch {
@@ -57,13 +59,32 @@ pub fn argmax(xs: &[f32]) -> usize {
     best
 }
 
-/// `log(sum(exp(x)))`, stable.
+/// `log(sum(exp(x)))`, stable (8 independent lanes so the loops vectorise).
 pub fn log_sum_exp(xs: &[f32]) -> f32 {
-    let m = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut mx = [f32::NEG_INFINITY; 8];
+    let chunks = xs.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks.clone() {
+        for i in 0..8 {
+            mx[i] = if c[i] > mx[i] { c[i] } else { mx[i] };
+        }
+    }
+    let m = rest
+        .iter()
+        .chain(mx.iter())
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
     if !m.is_finite() {
         return m;
     }
-    let s: f64 = xs.iter().map(|&x| ((x - m) as f64).exp()).sum();
+    let mut acc = [0f32; 8];
+    for c in chunks {
+        for i in 0..8 {
+            acc[i] += exp_f32(c[i] - m);
+        }
+    }
+    let s: f64 = acc.iter().map(|&a| a as f64).sum::<f64>()
+        + rest.iter().map(|&x| exp_f32(x - m) as f64).sum::<f64>();
     m + s.ln() as f32
 }
 
@@ -206,7 +227,7 @@ fn draw(work: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> u32 {
     let m = cand[0].1;
     let mut z = 0.0f64;
     for c in cand.iter_mut() {
-        c.1 = ((c.1 - m) as f64).exp() as f32;
+        c.1 = exp_f32(c.1 - m);
         z += c.1 as f64;
     }
     for c in cand.iter_mut() {
