@@ -460,15 +460,32 @@ fn norm_rows(
     });
 }
 
-/// `x[t] += d[t]` for `n` rows of width `h`, rows in parallel.
-fn add_rows(pool: &ThreadPool, x: &mut [f32], d: &[f32], n: usize, h: usize) {
-    assert!(x.len() >= n * h && d.len() >= n * h);
+/// `x[t] += d[t]`, then (when `w` is given) `out[t] = rms_norm(x[t]) * w`, for `n` rows of
+/// width `h`, rows in parallel (one pass over the pool instead of two).
+#[allow(clippy::too_many_arguments)]
+fn add_norm_rows(
+    pool: &ThreadPool,
+    x: &mut [f32],
+    d: &[f32],
+    out: &mut [f32],
+    n: usize,
+    h: usize,
+    w: Option<&[f32]>,
+    eps: f32,
+) {
+    assert!(x.len() >= n * h && d.len() >= n * h && out.len() >= n * h);
     let xp = SendPtr(x.as_mut_ptr());
+    let op = SendPtr(out.as_mut_ptr());
     par_rows(pool, n, &|r| {
-        // SAFETY: disjoint row ranges of `x`, which holds at least n rows (asserted).
-        let xs = unsafe { rows_mut(xp, h, &r) };
+        // SAFETY: disjoint row ranges of `x` and `out`, which hold at least n rows (asserted).
+        let (xs, os) = unsafe { (rows_mut(xp, h, &r), rows_mut(op, h, &r)) };
         for (a, &b) in xs.iter_mut().zip(&d[r.start * h..r.end * h]) {
             *a += b;
+        }
+        if let Some(w) = w {
+            for (xr, orow) in xs.chunks_exact(h).zip(os.chunks_exact_mut(h)) {
+                rms_norm(xr, w, eps, orow);
+            }
         }
     });
 }
@@ -617,9 +634,13 @@ fn forward_impl<T: KvStore>(
 
     s.prof.mark(0);
     let scale = 1.0 / (hd as f32).sqrt();
-    for (lw, kv) in w.layers.iter().zip(layers.iter_mut()) {
-        // Attention block.
-        norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.attn_norm, eps);
+    // The attention norm of layer 0 here; later ones are fused with the residual add.
+    if let Some(l0) = w.layers.first() {
+        norm_rows(pool, &s.x, &mut s.xn, t_n, h, &l0.attn_norm, eps);
+    }
+    let n_layers = w.layers.len();
+    for (li, (lw, kv)) in w.layers.iter().zip(layers.iter_mut()).enumerate() {
+        // Attention block (s.xn holds attn_norm(x)).
         s.prof.mark(1);
         fused_matmul(
             &lw.qkv,
@@ -732,9 +753,17 @@ fn forward_impl<T: KvStore>(
         s.prof.mark(4);
         matmul(&lw.wo, pool, &s.att[..t_n * qd], t_n, &mut s.tmp);
         s.prof.mark(5);
-        add_rows(pool, &mut s.x, &s.tmp, t_n, h);
-        // Feed-forward block.
-        norm_rows(pool, &s.x, &mut s.xn, t_n, h, &lw.ffn_norm, eps);
+        // Residual add fused with the feed-forward norm.
+        add_norm_rows(
+            pool,
+            &mut s.x,
+            &s.tmp,
+            &mut s.xn,
+            t_n,
+            h,
+            Some(&lw.ffn_norm),
+            eps,
+        );
         s.prof.mark(1);
         let f = c.ffn;
         fused_matmul(
@@ -763,7 +792,10 @@ fn forward_impl<T: KvStore>(
         s.prof.mark(1);
         matmul(&lw.down, pool, &s.act[..t_n * f], t_n, &mut s.tmp);
         s.prof.mark(5);
-        add_rows(pool, &mut s.x, &s.tmp, t_n, h);
+        // Residual add fused with the next layer's attention norm.
+        let next = w.layers.get(li + 1).map(|l| l.attn_norm.as_slice());
+        debug_assert_eq!(next.is_none(), li + 1 == n_layers);
+        add_norm_rows(pool, &mut s.x, &s.tmp, &mut s.xn, t_n, h, next, eps);
     }
 
     // Final norm + lm_head only for sampled rows.
