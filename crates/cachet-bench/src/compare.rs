@@ -314,8 +314,11 @@ async fn run_one(
         .await
         .and_then(|r| r.error_for_status());
     let wl = workload::generate(kind, &a.load.params, tpw);
-    let report =
-        serve::run_load(&client, &base, Api::Openai, &model, name, &wl, &a.load, tpw).await;
+    // Ctrl-C stops the server before exiting (a plain exit would skip `Drop` and orphan it).
+    let report = tokio::select! {
+        r = serve::run_load(&client, &base, Api::Openai, &model, name, &wl, &a.load, tpw) => r,
+        _ = tokio::signal::ctrl_c() => Err(BenchError::Peer("interrupted".into())),
+    };
     proc.stop();
     Ok((report?, cmdline))
 }

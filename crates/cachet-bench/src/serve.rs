@@ -171,7 +171,9 @@ pub fn http_client(timeout: Duration) -> Result<reqwest::Client, BenchError> {
     reqwest::Client::builder()
         .no_proxy()
         .timeout(timeout)
-        .pool_max_idle_per_host(256)
+        // A fresh connection per request: llama-server (cpp-httplib) closes idle keep-alive
+        // connections, and reusing one it has just closed fails the request.
+        .pool_max_idle_per_host(0)
         .build()
         .map_err(|source| BenchError::Http {
             url: "client".into(),
@@ -456,8 +458,9 @@ pub async fn run_load(
                 let mut rec = match res {
                     Ok(r) => r,
                     Err((mut r, e)) => {
-                        r.error = Some(e.to_string());
-                        errors.lock().unwrap().push(e.to_string());
+                        let msg = error_chain(&e);
+                        r.error = Some(msg.clone());
+                        errors.lock().unwrap().push(msg);
                         r
                     }
                 };
@@ -493,6 +496,18 @@ pub async fn run_load(
         },
         requests,
     ))
+}
+
+/// An error with its causes, `a: b: c`.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
 }
 
 struct SummaryInputs<'a> {
