@@ -340,6 +340,12 @@ pub async fn bench_compare(a: &CompareArgs) -> Result<CompareReport, BenchError>
         Some(p) => p.clone(),
         None => std::env::current_exe().map_err(|e| BenchError::io("current_exe", e))?,
     };
+    // Sampled before the servers start: the load average describes the machine, not us.
+    let (date, machine, rev) = (
+        crate::peer::utc_now(),
+        crate::peer::machine_description(),
+        crate::peer::git_rev(),
+    );
     let mut tpw = None;
     let mut pairs = Vec::new();
     let (mut c_cmd, mut l_cmd) = (String::new(), String::new());
@@ -386,10 +392,10 @@ pub async fn bench_compare(a: &CompareArgs) -> Result<CompareReport, BenchError>
         });
     }
     let rep = CompareReport {
-        date: crate::peer::utc_now(),
-        machine: crate::peer::machine_description(),
+        date,
+        machine,
         command: std::env::args().collect::<Vec<_>>().join(" "),
-        cachet_rev: crate::peer::git_rev(),
+        cachet_rev: rev,
         peer: crate::peer::peer_version(),
         cachet_cmdline: c_cmd,
         llama_cmdline: l_cmd,

@@ -64,9 +64,12 @@ pub struct KernelArgs {
     /// Measure cachet only.
     #[arg(long)]
     pub no_llama: bool,
-    /// Also write the results into this Markdown file's marked section.
+    /// Markdown file whose marked section gets the results.
+    #[arg(long, default_value = "docs/benchmarks.md")]
+    pub doc: PathBuf,
+    /// Do not touch the doc.
     #[arg(long)]
-    pub doc: Option<PathBuf>,
+    pub no_doc: bool,
     /// Write the results as JSON here.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
@@ -89,7 +92,8 @@ impl Default for KernelArgs {
             llama_bench: None,
             llama_batched_bench: None,
             no_llama: false,
-            doc: None,
+            doc: PathBuf::from("docs/benchmarks.md"),
+            no_doc: true,
             output_json: None,
         }
     }
@@ -603,6 +607,7 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         .model
         .clone()
         .unwrap_or_else(cachet_model::default_model_path);
+    let (date, machine) = (crate::peer::utc_now(), crate::peer::machine_description());
     let model = cachet_model::load_model(
         &path,
         &LoadOptions {
@@ -640,8 +645,8 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         })
         .collect();
     let rep = KernelReport {
-        date: crate::peer::utc_now(),
-        machine: crate::peer::machine_description(),
+        date,
+        machine,
         model: path.display().to_string(),
         threads: a.threads,
         rows,
@@ -656,8 +661,12 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         std::fs::write(p, serde_json::to_string_pretty(&rep)?)
             .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
     }
-    if let Some(d) = &a.doc {
-        crate::doc::update_file(d, DOC_SECTION, &markdown(&rep))?;
+    if !a.no_doc {
+        crate::doc::update_file(&a.doc, DOC_SECTION, &markdown(&rep))?;
+        eprintln!(
+            "[kernel] wrote section {DOC_SECTION} of {}",
+            a.doc.display()
+        );
     }
     Ok(rep)
 }
