@@ -8,7 +8,7 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion};
 
 fn pool_alloc_free(c: &mut Criterion) {
     let mut g = c.benchmark_group("block_pool_alloc8_free8");
-    for observe in [true, false] {
+    for observe in [false, true] {
         let mut pool = BlockPool::new(4096, observe);
         let mut blocks = Vec::with_capacity(8);
         g.bench_function(
