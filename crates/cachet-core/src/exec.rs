@@ -51,7 +51,8 @@ impl ExecBatch<'_> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Sampled {
     pub token: TokenId,
-    /// Log-probability of `token` under the (unpenalised, untempered) model distribution.
+    /// Log-probability of `token` under the (unpenalised, untempered) model distribution, when
+    /// the request asked for logprobs (0.0 otherwise).
     pub logprob: f32,
     /// The most likely alternatives when logprobs were requested, best first.
     pub top_logprobs: Vec<(TokenId, f32)>,

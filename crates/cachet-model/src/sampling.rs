@@ -188,11 +188,18 @@ pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> 
     };
     s.work = work;
 
-    let lse = log_sum_exp(logits);
-    let logprob = logits[token as usize] - lse;
-    let top = match p.logprobs {
-        Some(n) if n > 0 => top_logprobs(logits, lse, n as usize, &mut s.cand),
-        _ => Vec::new(),
+    // The log-softmax over the whole vocabulary costs more than a greedy pick: only when asked.
+    let (logprob, top) = match p.logprobs {
+        Some(n) => {
+            let lse = log_sum_exp(logits);
+            let top = if n > 0 {
+                top_logprobs(logits, lse, n as usize, &mut s.cand)
+            } else {
+                Vec::new()
+            };
+            (logits[token as usize] - lse, top)
+        }
+        None => (0.0, Vec::new()),
     };
     Sampled {
         token,
