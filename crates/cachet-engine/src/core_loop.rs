@@ -77,7 +77,7 @@ impl<E: Executor> EngineCore<E> {
         now: f64,
     ) -> Option<CoreOutput> {
         let update = self.scheduler.finish_request(request_id, reason, now)?;
-        let mut outs = self.attach_finished(vec![update], now, None);
+        let mut outs = self.attach_finished(vec![update], None);
         outs.pop()
     }
 
@@ -99,13 +99,12 @@ impl<E: Executor> EngineCore<E> {
             self.executor.execute(&batch)?
         };
         let updates = self.scheduler.update(&plan, &results, now());
-        Ok(self.attach_finished(updates, 0.0, Some(plan.num_tokens() as u64)))
+        Ok(self.attach_finished(updates, Some(plan.num_tokens() as u64)))
     }
 
     fn attach_finished(
         &mut self,
         updates: Vec<RequestUpdate>,
-        _now: f64,
         iteration_tokens: Option<u64>,
     ) -> Vec<CoreOutput> {
         let finished = self.scheduler.take_finished();
