@@ -401,17 +401,20 @@ pub async fn bench_compare(a: &CompareArgs) -> Result<CompareReport, BenchError>
         llama_cmdline: l_cmd,
         pairs,
     };
-    if let Some(p) = &a.output_json {
-        std::fs::write(p, serde_json::to_string_pretty(&rep)?)
-            .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
-    }
-    if !a.no_doc {
-        crate::doc::update_file(&a.doc, DOC_SECTION, &markdown(&rep))?;
-        eprintln!(
-            "[compare] wrote section {DOC_SECTION} of {}",
-            a.doc.display()
-        );
-    }
+    let md = if a.no_doc {
+        String::new()
+    } else {
+        markdown(&rep)
+    };
+    crate::doc::publish(
+        &rep,
+        a.output_json.as_deref(),
+        &a.doc,
+        a.no_doc,
+        DOC_SECTION,
+        &md,
+        "compare",
+    )?;
     Ok(rep)
 }
 

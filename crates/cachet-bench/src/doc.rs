@@ -38,6 +38,29 @@ pub fn update_file(path: &Path, id: &str, body: &str) -> Result<(), BenchError> 
     std::fs::write(path, new).map_err(|e| BenchError::io(format!("writing {}", path.display()), e))
 }
 
+/// Where a benchmark report goes: optionally a JSON file, and (unless `no_doc`) the generated
+/// section `section` of `doc`. `tag` prefixes the progress line (`[compare]`, `[kernel]`).
+pub fn publish<R: serde::Serialize>(
+    report: &R,
+    output_json: Option<&Path>,
+    doc: &Path,
+    no_doc: bool,
+    section: &str,
+    markdown: &str,
+    tag: &str,
+) -> Result<(), BenchError> {
+    if let Some(p) = output_json {
+        let json = serde_json::to_string_pretty(report)?;
+        std::fs::write(p, json)
+            .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
+    }
+    if !no_doc {
+        update_file(doc, section, markdown)?;
+        eprintln!("[{tag}] wrote section {section} of {}", doc.display());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
