@@ -46,6 +46,19 @@ fn engine(sim: SimConfig, max_waiting: usize, sum: &Sum) -> EngineHandle {
     .unwrap()
 }
 
+/// Every output of a stream up to and including the final one.
+async fn drain(s: &mut cachet_engine::RequestStream) -> Vec<cachet_engine::RequestOutput> {
+    let mut outs = Vec::new();
+    while let Some(o) = s.next().await {
+        let done = o.finish_reason.is_some();
+        outs.push(o);
+        if done {
+            break;
+        }
+    }
+    outs
+}
+
 fn req(id: &str, n: u32, max_tokens: u32) -> NewRequest {
     NewRequest::new(
         id,
@@ -72,16 +85,14 @@ async fn streams_tokens_then_final_output_with_stats_and_metrics() {
     let mut s = h.add_request(req("a", 100, 5)).unwrap();
     let mut tokens = 0;
     let mut first_stats = None;
-    let last = loop {
-        let o = s.next().await.unwrap();
+    let outs = drain(&mut s).await;
+    for o in &outs {
         tokens += o.tokens.len();
         if first_stats.is_none() {
             first_stats = o.prefill_stats;
         }
-        if o.finish_reason.is_some() {
-            break o;
-        }
-    };
+    }
+    let last = outs.last().unwrap().clone();
     assert_eq!(tokens, 5);
     assert_eq!(last.finish_reason, Some(FinishReason::Length));
     assert_eq!(first_stats.unwrap().cache_creation_tokens, 96);
@@ -182,13 +193,9 @@ async fn session_turns_through_the_handle() {
         ))
     ));
     let mut out = Vec::new();
-    let last = loop {
-        let o = s1.next().await.unwrap();
-        out.extend(o.tokens.iter().map(|t| t.token));
-        if o.finish_reason.is_some() {
-            break o;
-        }
-    };
+    let outs = drain(&mut s1).await;
+    out.extend(outs.iter().flat_map(|o| o.tokens.iter().map(|t| t.token)));
+    let last = outs.last().unwrap().clone();
     assert_eq!(last.session.unwrap().turn, 1);
     let mut p2 = r1.prompt.clone();
     p2.push(out[0]);
@@ -197,12 +204,7 @@ async fn session_turns_through_the_handle() {
     r2.prompt = p2;
     r2.session_id = Some("s".into());
     let mut s2 = h.add_request(r2).unwrap();
-    let last = loop {
-        let o = s2.next().await.unwrap();
-        if o.finish_reason.is_some() {
-            break o;
-        }
-    };
+    let last = drain(&mut s2).await.pop().unwrap();
     let rep = last.session.unwrap();
     assert!(rep.continued);
     assert_eq!(rep.retained_tokens, 17);
