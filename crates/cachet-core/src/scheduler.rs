@@ -255,9 +255,6 @@ pub struct Scheduler {
     samples: LatencySamples,
     parked: HashMap<Arc<str>, ParkedSession>,
     active_sessions: HashMap<Arc<str>, u32>,
-    /// Σ `num_computed` over running requests (token-level occupancy gauge), kept
-    /// incrementally so that sampling the gauges is O(1).
-    running_kv_tokens: usize,
 }
 
 impl Scheduler {
@@ -284,7 +281,6 @@ impl Scheduler {
             samples: LatencySamples::default(),
             parked: HashMap::new(),
             active_sessions: HashMap::new(),
-            running_kv_tokens: 0,
         }
     }
 
@@ -332,7 +328,12 @@ impl Scheduler {
     pub fn gauges(&self) -> Gauges {
         let pool = self.kv.pool();
         let n = pool.num_blocks().max(1) as f64;
-        let live_tokens = self.running_kv_tokens;
+        let live_tokens: usize = self
+            .running
+            .iter()
+            .filter_map(|&s| self.slot(s))
+            .map(|r| r.num_computed)
+            .sum();
         Gauges {
             num_requests_running: self.running.len() as u64,
             num_requests_waiting: self.waiting.len() as u64,
@@ -721,7 +722,6 @@ impl Scheduler {
         r.admitted_once = true;
         r.status = Status::Running;
         r.num_computed = num_computed;
-        self.running_kv_tokens += num_computed;
         r.admit_seq = self.next_admit_seq;
         self.next_admit_seq += 1;
         if r.first_scheduled.is_none() {
@@ -799,7 +799,6 @@ impl Scheduler {
             return;
         };
         self.kv.free(&mut r.kv);
-        self.running_kv_tokens -= r.num_computed;
         r.num_computed = 0;
         r.status = Status::Waiting;
         r.num_preemptions += 1;
@@ -858,7 +857,6 @@ impl Scheduler {
                 continue; // stale plan entry (request gone or re-planned)
             }
             r.num_computed += chunk.num_tokens;
-            self.running_kv_tokens += chunk.num_tokens;
             let creation = if r.finalized {
                 0..0
             } else {
@@ -977,10 +975,7 @@ impl Scheduler {
         self.free_slots.push(slot);
         self.ids.remove(&r.id);
         match r.status {
-            Status::Running => {
-                self.running.retain(|&s| s != slot);
-                self.running_kv_tokens -= r.num_computed;
-            }
+            Status::Running => self.running.retain(|&s| s != slot),
             Status::Waiting => self.waiting.retain(|&s| s != slot),
         }
         if telemetry && r.admitted_once && !r.finalized {
@@ -1087,18 +1082,6 @@ impl Scheduler {
             if slot.kv.blocks.len() < self.kv.blocks_for(slot.num_computed) {
                 return Err(format!("request {} has too few blocks", slot.id));
             }
-        }
-        let live: usize = self
-            .running
-            .iter()
-            .filter_map(|&s| self.slot(s))
-            .map(|r| r.num_computed)
-            .sum();
-        if live != self.running_kv_tokens {
-            return Err(format!(
-                "running_kv_tokens {} but running requests hold {live}",
-                self.running_kv_tokens
-            ));
         }
         for (b, &n) in refs.iter().enumerate() {
             if self.kv.pool().ref_count(b as BlockId) != n {
