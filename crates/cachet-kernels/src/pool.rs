@@ -197,6 +197,14 @@ impl ThreadPool {
             return;
         }
         let sh = &*self.shared;
+        // Close the finished epoch first: a worker may have loaded its ticket just before and
+        // could otherwise pair that stale ticket with the new `n_tasks` below, claim an index
+        // of the old epoch and run it with the new job (a task run twice, and `done` counting
+        // a task that is still running). After this store any such CAS fails: the worker's
+        // acquire load of the new `n_tasks` orders this store before its CAS.
+        let epoch = (sh.ticket.load(Ordering::Relaxed) >> 32) + 1;
+        sh.ticket
+            .store(((epoch - 1) << 32) | 0xffff_ffff, Ordering::SeqCst);
         // SAFETY: erase the borrow's lifetime; tasks can only be claimed until `done`
         // reaches `n_tasks`, and we do not return before that.
         let job: Job = unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync), Job>(f) };
@@ -205,7 +213,6 @@ impl ThreadPool {
         sh.n_tasks.store(n_tasks, Ordering::Release);
         sh.done.store(0, Ordering::Release);
         sh.panicked.store(false, Ordering::Relaxed);
-        let epoch = (sh.ticket.load(Ordering::Relaxed) >> 32) + 1;
         sh.ticket.store(epoch << 32, Ordering::SeqCst);
         if sh.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = sh.lock.lock();
@@ -258,6 +265,23 @@ mod tests {
                     hits[i].fetch_add(1, Ordering::Relaxed);
                 });
                 assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+            }
+        }
+    }
+
+    /// Back-to-back calls with few, tiny tasks: the window in which a worker that loaded the
+    /// previous call's ticket races the next publication is hit thousands of times.
+    #[test]
+    fn back_to_back_calls_run_each_task_exactly_once() {
+        let pool = ThreadPool::new(2);
+        for round in 0..50_000u64 {
+            let n_tasks = 2 + (round % 3) as usize;
+            let hits: Vec<AtomicU64> = (0..n_tasks).map(|_| AtomicU64::new(0)).collect();
+            pool.parallel_for(n_tasks, &|i| {
+                hits[i].fetch_add(1, Ordering::Relaxed);
+            });
+            for (i, h) in hits.iter().enumerate() {
+                assert_eq!(h.load(Ordering::Relaxed), 1, "round {round} task {i}");
             }
         }
     }
