@@ -10,9 +10,9 @@
 //! [`CacheOutcome`]) and the caller attributes them. The observer counters ([`PoolCounters`]) are
 //! incremented after an action is complete and are never read by a decision.
 
-use std::collections::HashMap;
+use hashbrown::HashTable;
 
-use crate::hash::{BlockHash, BlockHashBuildHasher};
+use crate::hash::BlockHash;
 use crate::BlockId;
 
 const NIL: u32 = u32::MAX;
@@ -70,7 +70,9 @@ pub struct BlockPool {
     num_free: usize,
     /// Free blocks that still hold a cache entry.
     num_cached_free: usize,
-    cached: HashMap<BlockHash, BlockId, BlockHashBuildHasher>,
+    /// The cache map: block ids keyed by the hash in `hashes[id]` (4 bytes per entry, so the
+    /// table stays cache-resident; removing an evicted entry compares ids, not hashes).
+    cached: HashTable<BlockId>,
     counters: PoolCounters,
     observe: bool,
 }
@@ -97,7 +99,7 @@ impl BlockPool {
             tail: if n == 0 { NIL } else { n - 1 },
             num_free: num_blocks,
             num_cached_free: 0,
-            cached: HashMap::with_capacity_and_hasher(num_blocks, BlockHashBuildHasher),
+            cached: HashTable::with_capacity(num_blocks),
             counters: PoolCounters::default(),
             observe,
         }
@@ -142,7 +144,9 @@ impl BlockPool {
 
     /// The block that holds `hash` in the prefix cache.
     pub fn lookup(&self, hash: &BlockHash) -> Option<BlockId> {
-        self.cached.get(hash).copied()
+        self.cached
+            .find(key(hash), |&b| self.hashes[b as usize] == *hash)
+            .copied()
     }
 
     /// Take `n` blocks from the front of the free queue, each with ref count 1. Blocks that hold
@@ -174,7 +178,12 @@ impl BlockPool {
             if meta.cached {
                 meta.cached = false;
                 self.num_cached_free -= 1;
-                self.cached.remove(&self.hashes[id as usize]);
+                if let Ok(entry) = self
+                    .cached
+                    .find_entry(key(&self.hashes[id as usize]), |&b| b == id)
+                {
+                    entry.remove();
+                }
                 effects.evicted += 1;
             }
             out.push(id);
@@ -239,13 +248,20 @@ impl BlockPool {
         block: BlockId,
         hash: Option<BlockHash>,
     ) -> Option<CacheOutcome> {
-        let outcome = hash.map(|h| match self.cached.entry(h) {
-            std::collections::hash_map::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
-            std::collections::hash_map::Entry::Vacant(v) => {
-                v.insert(block);
-                self.blocks[block as usize].cached = true;
-                self.hashes[block as usize] = h;
-                CacheOutcome::Created
+        let hashes = &mut self.hashes;
+        let outcome = hash.map(|h| {
+            match self.cached.entry(
+                key(&h),
+                |&b| hashes[b as usize] == h,
+                |&b| key(&hashes[b as usize]),
+            ) {
+                hashbrown::hash_table::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
+                hashbrown::hash_table::Entry::Vacant(v) => {
+                    v.insert(block);
+                    self.blocks[block as usize].cached = true;
+                    hashes[block as usize] = h;
+                    CacheOutcome::Created
+                }
             }
         });
         if self.observe {
@@ -316,7 +332,7 @@ impl BlockPool {
             }
             if meta.cached {
                 let h = self.hashes[id];
-                if self.cached.get(&h) != Some(&(id as BlockId)) {
+                if self.lookup(&h) != Some(id as BlockId) {
                     return Err(format!("block {id} holds hash {h:?} that maps elsewhere"));
                 }
                 if meta.ref_cnt == 0 {
@@ -324,11 +340,14 @@ impl BlockPool {
                 }
             }
         }
-        for (h, &id) in &self.cached {
-            if self.block_hash(id) != Some(*h) {
-                return Err(format!(
-                    "cache maps {h:?} to block {id}, which holds another hash"
-                ));
+        for &id in self.cached.iter() {
+            match self.block_hash(id) {
+                Some(h) if self.lookup(&h) == Some(id) => {}
+                _ => {
+                    return Err(format!(
+                        "cache map holds block {id}, which is not its entry"
+                    ))
+                }
             }
         }
         if cached_free != self.num_cached_free {
@@ -379,6 +398,13 @@ impl BlockPool {
         self.tail = id;
         self.num_free += 1;
     }
+}
+
+/// The table key of a block hash: its first eight bytes (already uniformly random).
+fn key(hash: &BlockHash) -> u64 {
+    let mut word = [0u8; 8];
+    word.copy_from_slice(&hash.0[..8]);
+    u64::from_le_bytes(word)
 }
 
 #[cfg(test)]
