@@ -9,20 +9,22 @@ use crate::{BlockId, TokenId};
 
 /// One request's view of the KV cache.
 #[derive(Clone, Debug, Default)]
+#[repr(C)]
 pub struct ReqKv {
     /// The block table: block `i` holds positions `i*B .. (i+1)*B`.
     pub blocks: Vec<BlockId>,
-    /// Hashes of the request's full token blocks, computed lazily in order.
-    hashes: Vec<BlockHash>,
     /// Leading blocks that are full and have been offered to the cache (filled or hit).
     num_committed: usize,
-    pub extra: ExtraKeys,
+    /// Hashes of the request's full token blocks, computed lazily in order.
+    hashes: Vec<BlockHash>,
+    /// Boxed: read only when a block is hashed, and the struct stays one cache line.
+    pub extra: Box<ExtraKeys>,
 }
 
 impl ReqKv {
     pub fn new(extra: ExtraKeys) -> Self {
         ReqKv {
-            extra,
+            extra: Box::new(extra),
             ..Default::default()
         }
     }
@@ -138,8 +140,12 @@ impl KvCacheManager {
         num_computed: usize,
         num_new: usize,
     ) -> Result<AllocEffects, PoolExhausted> {
-        let needed = self.blocks_for(num_computed + num_new);
         let have = kv.blocks.len() + hits.len();
+        if hits.is_empty() && num_computed + num_new <= have * self.block_size {
+            // The common decode step: the new token fits in the last block.
+            return Ok(AllocEffects::default());
+        }
+        let needed = self.blocks_for(num_computed + num_new);
         let new_blocks = needed.saturating_sub(have);
         let hits_from_free = self.pool.count_free(hits);
         if new_blocks + hits_from_free > self.pool.num_free() {
@@ -169,8 +175,13 @@ impl KvCacheManager {
         creation_range: Range<usize>,
     ) -> CommitEffects {
         let b = self.block_size;
-        let full = (num_tokens_with_kv / b).min(kv.blocks.len());
         let mut effects = CommitEffects::default();
+        if num_tokens_with_kv < (kv.num_committed + 1) * b {
+            // No block became full (most decode steps).
+            effects.committed_until = kv.num_committed * b;
+            return effects;
+        }
+        let full = (num_tokens_with_kv / b).min(kv.blocks.len());
         if self.caching {
             self.ensure_hashes(kv, tokens, full);
         }

@@ -37,7 +37,7 @@ pub fn step(s: &mut Scheduler, now: f64) -> (SchedulerOutput, Vec<RequestUpdate>
         .iter()
         .map(|c| c.sample.then(|| Sampled::token(7)))
         .collect();
-    let ups = s.update(&out, &results, now);
+    let ups = s.update(&out, results, now);
     (out, ups)
 }
 

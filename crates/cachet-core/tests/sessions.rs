@@ -21,7 +21,7 @@ fn finish(s: &mut Scheduler, id: &str) -> (PrefillStats, SessionReport) {
         t += 1.0;
         let (_, ups) = step(s, t);
         for u in ups {
-            if &*u.request_id == id && u.finish.is_some() {
+            if u.finished.as_ref().is_some_and(|f| f.request_id == id) {
                 last = Some(u);
             }
         }

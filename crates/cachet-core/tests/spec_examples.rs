@@ -271,7 +271,7 @@ fn external_tier_tokens_are_cached_not_computed() {
         .iter()
         .map(|c| c.sample.then(|| cachet_core::Sampled::token(7)))
         .collect();
-    s.update(&out, &res, 1.0);
+    s.update(&out, res, 1.0);
     let fin = s.take_finished();
     // 48 loaded, 52 computed; blocks 3..=5 created with 48 computed tokens.
     assert_eq!(

@@ -53,7 +53,7 @@ fn step_1000_decodes(c: &mut Criterion) {
                 let start = Instant::now();
                 let outs = core.step(|| tt).expect("step");
                 spent += start.elapsed();
-                let finished = outs.iter().filter(|o| o.update.finish.is_some()).count();
+                let finished = outs.iter().filter(|o| o.finish.is_some()).count();
                 for _ in 0..finished {
                     core.add_request(request(next)).expect("fits");
                     next += 1;

@@ -1,21 +1,12 @@
 //! [`EngineCore`]: one step of the engine (schedule → execute → update → stats), shared by the
 //! threaded engine and the offline API.
 
-use std::collections::HashMap;
-
 use cachet_core::exec::Executor;
 use cachet_core::scheduler::{AddRequestError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
 use cachet_core::{FinishReason, HashSeed, NewRequest, Scheduler, SchedulerConfig};
 
 use crate::{RequestMetrics, StatLogger, StepStats};
-
-/// A request's output of one step, with the final metrics on its last update.
-#[derive(Clone, Debug)]
-pub struct CoreOutput {
-    pub update: RequestUpdate,
-    pub finished: Option<Box<FinishedRequestStats>>,
-}
 
 pub struct EngineCore<E: Executor> {
     scheduler: Scheduler,
@@ -75,17 +66,18 @@ impl<E: Executor> EngineCore<E> {
         request_id: &str,
         reason: FinishReason,
         now: f64,
-    ) -> Option<CoreOutput> {
+    ) -> Option<RequestUpdate> {
         let update = self.scheduler.finish_request(request_id, reason, now)?;
-        let mut outs = self.attach_finished(vec![update], None);
-        outs.pop()
+        let finished = self.scheduler.take_finished();
+        self.emit_stats(finished, None);
+        Some(update)
     }
 
-    /// Run one step. Returns the outputs of the requests that produced a token or finished.
+    /// Run one step. Returns the updates of the requests that produced a token or finished.
     pub fn step(
         &mut self,
         now: impl Fn() -> f64,
-    ) -> Result<Vec<CoreOutput>, cachet_core::ExecError> {
+    ) -> Result<Vec<RequestUpdate>, cachet_core::ExecError> {
         let plan = self.scheduler.schedule(now());
         if let Some(log) = self.schedule_log.as_mut() {
             log.push(plan.clone());
@@ -98,36 +90,10 @@ impl<E: Executor> EngineCore<E> {
             let batch = self.scheduler.exec_batch(&plan);
             self.executor.execute(&batch)?
         };
-        let updates = self.scheduler.update(&plan, &results, now());
-        Ok(self.attach_finished(updates, Some(plan.num_tokens() as u64)))
-    }
-
-    fn attach_finished(
-        &mut self,
-        updates: Vec<RequestUpdate>,
-        iteration_tokens: Option<u64>,
-    ) -> Vec<CoreOutput> {
+        let updates = self.scheduler.update(&plan, results, now());
         let finished = self.scheduler.take_finished();
-        let by_id: HashMap<&str, &FinishedRequestStats> = finished
-            .iter()
-            .map(|f| (f.request_id.as_str(), f))
-            .collect();
-        let outs = updates
-            .into_iter()
-            .map(|u| {
-                let fin = if u.finish.is_some() {
-                    by_id.get(&*u.request_id).map(|f| Box::new((*f).clone()))
-                } else {
-                    None
-                };
-                CoreOutput {
-                    update: u,
-                    finished: fin,
-                }
-            })
-            .collect();
-        self.emit_stats(finished, iteration_tokens);
-        outs
+        self.emit_stats(finished, Some(plan.num_tokens() as u64));
+        Ok(updates)
     }
 
     fn emit_stats(&mut self, finished: Vec<FinishedRequestStats>, iteration_tokens: Option<u64>) {

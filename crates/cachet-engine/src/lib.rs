@@ -29,7 +29,8 @@ pub use cachet_core::{
 };
 pub use tokenizer::{ChatMessage, IncrementalDetokenizer, TextTokenizer, TokenizerError};
 
-use core_loop::{CoreOutput, EngineCore};
+use cachet_core::scheduler::RequestUpdate;
+use core_loop::EngineCore;
 
 /// What a stat logger receives after each step that changed anything.
 #[derive(Clone, Debug, Default)]
@@ -79,15 +80,40 @@ pub struct RequestOutput {
 }
 
 impl RequestOutput {
-    fn from_core(out: CoreOutput) -> Self {
+    fn from_update(request_id: Arc<str>, up: RequestUpdate) -> Self {
         RequestOutput {
-            request_id: out.update.request_id,
-            tokens: out.update.token.into_iter().collect(),
-            finish_reason: out.update.finish,
-            prefill_stats: out.update.prefill_stats.map(|b| *b),
-            metrics: out.finished.as_deref().map(RequestMetrics::from_finished),
-            session: out.update.session.map(|b| *b),
+            request_id,
+            tokens: up.token.into_iter().collect(),
+            finish_reason: up.finish,
+            prefill_stats: up.prefill_stats.map(|b| *b),
+            metrics: up.finished.as_deref().map(RequestMetrics::from_finished),
+            session: up.session.map(|b| *b),
         }
+    }
+}
+
+/// The engine thread's view of one live request: its id and where its outputs go.
+struct Stream {
+    id: Arc<str>,
+    tx: mpsc::UnboundedSender<RequestOutput>,
+}
+
+/// Live streams indexed by the core's slot (a request's slot is its own until its final
+/// update, so no per-token id lookup is needed).
+#[derive(Default)]
+struct Streams(Vec<Option<Stream>>);
+
+impl Streams {
+    fn insert(&mut self, slot: u32, stream: Stream) {
+        let i = slot as usize;
+        if self.0.len() <= i {
+            self.0.resize_with(i + 1, || None);
+        }
+        self.0[i] = Some(stream);
+    }
+
+    fn ids(&self) -> Vec<Arc<str>> {
+        self.0.iter().flatten().map(|s| s.id.clone()).collect()
     }
 }
 
@@ -386,8 +412,7 @@ fn run_core<E: Executor>(
     rx: std_mpsc::Receiver<Command>,
     sh: Arc<Shared>,
 ) {
-    let mut streams: std::collections::HashMap<Arc<str>, mpsc::UnboundedSender<RequestOutput>> =
-        Default::default();
+    let mut streams = Streams::default();
     let now = || sh.start.elapsed().as_secs_f64();
     let mut running = true;
     while running {
@@ -415,9 +440,7 @@ fn run_core<E: Executor>(
                         .store(core.scheduler().num_waiting(), Ordering::SeqCst);
                     sh.queued.fetch_sub(1, Ordering::SeqCst);
                     match added {
-                        Ok(_) => {
-                            streams.insert(id, otx);
-                        }
+                        Ok(slot) => streams.insert(slot, Stream { id, tx: otx }),
                         Err(e) => {
                             tracing::warn!(request_id = %id, error = %e, "request rejected by the scheduler");
                             sh.live
@@ -469,8 +492,7 @@ fn run_core<E: Executor>(
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "model execution failed; aborting running requests");
-                    let ids: Vec<Arc<str>> = streams.keys().cloned().collect();
-                    for id in ids {
+                    for id in streams.ids() {
                         if let Some(out) = core.finish_request(&id, FinishReason::Abort, now()) {
                             deliver(&mut streams, &sh, out);
                         }
@@ -487,34 +509,29 @@ fn run_core<E: Executor>(
     }
 }
 
-/// Send one output to its stream. Returns the id when the receiver is gone and the request is
+/// Send one update to its stream. Returns the id when the receiver is gone and the request is
 /// still live (so the caller aborts it).
-fn deliver(
-    streams: &mut std::collections::HashMap<Arc<str>, mpsc::UnboundedSender<RequestOutput>>,
-    sh: &Shared,
-    out: CoreOutput,
-) -> Option<Arc<str>> {
-    let id = out.update.request_id.clone();
-    let done = out.update.finish.is_some();
-    let ro = RequestOutput::from_core(out);
+fn deliver(streams: &mut Streams, sh: &Shared, up: RequestUpdate) -> Option<Arc<str>> {
+    let done = up.finish.is_some();
+    let slot = up.slot as usize;
+    let stream = if done {
+        streams.0.get_mut(slot).and_then(Option::take)
+    } else {
+        None
+    };
+    let s = stream
+        .as_ref()
+        .or_else(|| streams.0.get(slot).and_then(Option::as_ref))?;
     if done {
         // Forget the id (and free its session) before the client can see the final output, so
         // that a next turn sent right after it is accepted.
         sh.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+            .remove(&s.id);
     }
-    let failed = match streams.get(&id) {
-        Some(tx) => tx.send(ro).is_err(),
-        None => false,
-    };
-    if done {
-        streams.remove(&id);
-        None
-    } else if failed {
-        Some(id)
-    } else {
-        None
-    }
+    let failed =
+        s.tx.send(RequestOutput::from_update(s.id.clone(), up))
+            .is_err();
+    (failed && !done).then(|| s.id.clone())
 }

@@ -85,27 +85,30 @@ impl<E: Executor> OfflineEngine<E> {
         &mut self,
         reqs: Vec<NewRequest>,
     ) -> Result<Vec<CompletedRequest>, OfflineError> {
-        let ids: Vec<String> = reqs.iter().map(|r| r.request_id.clone()).collect();
-        let mut results: std::collections::HashMap<String, CompletedRequest> = Default::default();
+        let mut results: Vec<CompletedRequest> = Vec::with_capacity(reqs.len());
+        // Slot → index in `results`, for the requests still running.
+        let mut by_slot: Vec<Option<usize>> = Vec::new();
         self.tick();
         for mut r in reqs {
             r.arrival_time = self.clock;
             let id = r.request_id.clone();
-            self.core
+            let slot = self
+                .core
                 .add_request(r)
                 .map_err(|err| OfflineError::Rejected {
                     id: id.clone(),
                     err,
-                })?;
-            results.insert(
-                id.clone(),
-                CompletedRequest {
-                    request_id: id,
-                    output_token_ids: Vec::new(),
-                    finish_reason: FinishReason::Abort,
-                    prefill_stats: None,
-                },
-            );
+                })? as usize;
+            if by_slot.len() <= slot {
+                by_slot.resize(slot + 1, None);
+            }
+            by_slot[slot] = Some(results.len());
+            results.push(CompletedRequest {
+                request_id: id,
+                output_token_ids: Vec::new(),
+                finish_reason: FinishReason::Abort,
+                prefill_stats: None,
+            });
         }
         while self.core.scheduler().has_unfinished() {
             let t = self.tick();
@@ -118,23 +121,23 @@ impl<E: Executor> OfflineEngine<E> {
                     start.elapsed().as_secs_f64()
                 }
             };
-            for out in self.core.step(now)? {
-                if let Some(c) = results.get_mut(&*out.update.request_id) {
-                    if let Some(tok) = &out.update.token {
-                        c.output_token_ids.push(tok.token);
-                    }
-                    if let Some(p) = out.update.prefill_stats {
-                        c.prefill_stats = Some(*p);
-                    }
-                    if let Some(f) = out.update.finish {
-                        c.finish_reason = f;
-                    }
+            for up in self.core.step(now)? {
+                let Some(i) = by_slot.get(up.slot as usize).copied().flatten() else {
+                    continue;
+                };
+                let c = &mut results[i];
+                if let Some(tok) = &up.token {
+                    c.output_token_ids.push(tok.token);
+                }
+                if let Some(p) = up.prefill_stats {
+                    c.prefill_stats = Some(*p);
+                }
+                if let Some(f) = up.finish {
+                    c.finish_reason = f;
+                    by_slot[up.slot as usize] = None;
                 }
             }
         }
-        Ok(ids
-            .into_iter()
-            .filter_map(|id| results.remove(&id))
-            .collect())
+        Ok(results)
     }
 }

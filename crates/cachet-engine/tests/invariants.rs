@@ -85,6 +85,8 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
     let mut core = EngineCore::new(cfg.clone(), sim, vec![Box::new(collect.clone())]);
     core.record_schedules();
     let mut outputs: Vec<(String, Vec<u32>, Option<FinishReason>)> = Vec::new();
+    // Live slot → index in `outputs`.
+    let mut by_slot: std::collections::HashMap<u32, usize> = Default::default();
     let mut step = 0usize;
     let mut t = 0.0;
     loop {
@@ -102,29 +104,31 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
                 r.cache_salt = a.salt.map(|s| format!("salt{s}"));
                 r.priority = a.priority;
                 r.arrival_time = t;
-                if core.add_request(r).is_ok() {
+                if let Ok(slot) = core.add_request(r) {
+                    by_slot.insert(slot, outputs.len());
                     outputs.push((format!("r{i}"), Vec::new(), None));
                 }
             }
             if a.abort_after.map(|d| a.step + d) == Some(step) {
                 if let Some(o) = core.finish_request(&format!("r{i}"), FinishReason::Abort, t) {
-                    if let Some(e) = outputs.iter_mut().find(|e| *e.0 == *o.update.request_id) {
-                        e.2 = o.update.finish;
-                    }
+                    let e = &mut outputs[by_slot.remove(&o.slot).unwrap()];
+                    assert_eq!(o.finished.as_ref().unwrap().request_id, e.0);
+                    e.2 = o.finish;
                 }
             }
         }
         let tt = t;
         for o in core.step(|| tt).unwrap() {
-            let e = outputs
-                .iter_mut()
-                .find(|e| *e.0 == *o.update.request_id)
-                .unwrap();
-            if let Some(tok) = &o.update.token {
+            let idx = by_slot[&o.slot];
+            let e = &mut outputs[idx];
+            if let Some(tok) = &o.token {
                 e.1.push(tok.token);
             }
-            if o.update.finish.is_some() {
-                e.2 = o.update.finish;
+            if o.finish.is_some() {
+                // The slot named this request until now: the final update carries its id.
+                assert_eq!(o.finished.as_ref().unwrap().request_id, e.0);
+                e.2 = o.finish;
+                by_slot.remove(&o.slot);
             }
         }
         core.scheduler().check_invariants().unwrap();
@@ -173,7 +177,7 @@ fn config(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn random_workloads_keep_every_invariant(
