@@ -220,5 +220,71 @@ fn bench_attention(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_model, bench_matmul, bench_attention);
+/// Batched decode attention as the executor runs it: 16 sequences at a 144-token context,
+/// each layer one `parallel_for` over the sequences, 30 layers with their own KV (53 MB of
+/// f16 K/V in all, more than the L3 cache, as in a real step). One iteration = one step.
+fn bench_attention_batch(c: &mut Criterion) {
+    let pool = pool();
+    let mut rng = StdRng::seed_from_u64(4);
+    let (nh, nkv, hd, bs, seqs, ctx) = (9usize, 3usize, 64usize, 16usize, 16usize, 144usize);
+    let per_seq = ctx.div_ceil(bs);
+    let blocks = seqs * per_seq;
+    let n = blocks * bs * nkv * hd;
+    let layers: Vec<(Vec<f16>, Vec<f16>)> = (0..LAYERS)
+        .map(|_| {
+            let k = (0..n)
+                .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+                .collect();
+            let v = (0..n)
+                .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+                .collect();
+            (k, v)
+        })
+        .collect();
+    // Interleaved tables, as a pool shared by many requests hands them out.
+    let tables: Vec<Vec<u32>> = (0..seqs)
+        .map(|s| (0..per_seq).map(|j| (j * seqs + s) as u32).collect())
+        .collect();
+    let q: Vec<f32> = (0..seqs * nh * hd)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    // One output row per sequence (a lock each, uncontended: tasks own distinct rows).
+    let out: Vec<std::sync::Mutex<Vec<f32>>> = (0..seqs)
+        .map(|_| std::sync::Mutex::new(vec![0f32; nh * hd]))
+        .collect();
+    let mut g = c.benchmark_group("attention_batch");
+    g.warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .sample_size(20)
+        .throughput(Throughput::Elements(seqs as u64));
+    g.bench_function("decode_16x144_30_layers", |b| {
+        b.iter(|| {
+            for (k, v) in &layers {
+                pool.parallel_for(seqs, &|si| {
+                    let args = PagedAttnArgs {
+                        block_table: &tables[si],
+                        block_size: bs,
+                        n_heads: nh,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        start_pos: ctx - 1,
+                        n_tokens: 1,
+                        scale: 0.125,
+                    };
+                    let mut o = out[si].lock().unwrap_or_else(|e| e.into_inner());
+                    paged_attention(&args, &q[si * nh * hd..(si + 1) * nh * hd], k, v, &mut o);
+                });
+            }
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(
+    benches,
+    bench_model,
+    bench_matmul,
+    bench_attention,
+    bench_attention_batch
+);
 criterion_main!(benches);

@@ -10,6 +10,7 @@
 //!   block table, chunked online softmax, one K/V read per GQA group, f16 or f32 KV.
 //!   [`attention::paged_attention_parallel`] splits (token, kv head) items, and long
 //!   contexts into merged segments (flash-decoding), over a pool.
+//! * [`act`]: element-wise activations (SwiGLU) with the same ISA dispatch.
 //! * [`pool`]: a persistent thread pool (spawned once; the caller participates).
 //! * [`isa`]: run-time CPU feature dispatch (`CACHET_ISA=scalar|avx2|avx512|amx` caps it).
 //!
@@ -31,6 +32,7 @@
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
+pub mod act;
 pub mod attention;
 pub mod isa;
 pub mod pool;

@@ -593,12 +593,21 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     let rows = (c.nq * gs).min(64);
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
-    let mut acc = vec![_mm512_setzero_ps(); rows * HV];
     let mut kp = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
     let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
-    let mut kbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
-    let mut vbuf = vec![_mm512_setzero_ps(); buf_rows * HV];
+    // Accumulators and the f32 copies of a chunk's K/V rows live in a per-thread scratch
+    // (a decode step makes thousands of these calls; allocating and zeroing 16 KB each
+    // cost more than the arithmetic).
+    let mut scratch = ATTN_SCRATCH.take();
+    let need = (rows + 2 * buf_rows) * HV;
+    if scratch.len() < need {
+        scratch.resize(need, _mm512_setzero_ps());
+    }
+    let (acc, rest) = scratch.split_at_mut(rows * HV);
+    acc.fill(_mm512_setzero_ps());
+    let (kbuf, rest) = rest.split_at_mut(buf_rows * HV);
+    let vbuf = &mut rest[..buf_rows * HV];
     let mut krow = [std::ptr::null::<f32>(); CHUNK];
     let mut vrow = [std::ptr::null::<f32>(); CHUNK];
     let mut c0 = c.p0;
@@ -722,6 +731,12 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
             _mm512_storeu_ps(ph.add(2 + 16 * i), acc[r * HV + i]);
         }
     }
+    ATTN_SCRATCH.set(scratch);
+}
+
+thread_local! {
+    /// Reused buffers of [`attn_512`].
+    static ATTN_SCRATCH: std::cell::Cell<Vec<__m512>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -846,6 +861,73 @@ unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
         for i in 0..HV {
             _mm256_storeu_ps(ph.add(2 + 8 * i), acc[h * HV + i]);
         }
+    }
+}
+
+// ------------------------------------------------------------------ activations
+
+/// SwiGLU on the best vector unit; `false` when `isa` has none (the caller runs scalar).
+pub(crate) fn swiglu(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) -> bool {
+    if gate.len() < out.len() || up.len() < out.len() {
+        return false;
+    }
+    // SAFETY: the target features were detected (isa <= detected()); the lengths were
+    // checked above and every access is below `out.len()`.
+    unsafe {
+        if isa >= Isa::Avx512 {
+            swiglu_512(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len());
+        } else if isa >= Isa::Avx2 {
+            swiglu_avx2(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len());
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+/// `silu(g) * u` as `g * u * s` with `s = 1 / (1 + e)` for `g >= 0` and `e / (1 + e)` below,
+/// where `e = e^-|g|`: the exponential only ever sees arguments <= 0.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn swiglu_512(g: *const f32, u: *const f32, o: *mut f32, n: usize) {
+    let one = _mm512_set1_ps(1.0);
+    let zero = _mm512_setzero_ps();
+    let mut i = 0;
+    while i < n {
+        let m: __mmask16 = if n - i >= 16 {
+            0xffff
+        } else {
+            ((1u32 << (n - i)) - 1) as __mmask16
+        };
+        let x = _mm512_maskz_loadu_ps(m, g.add(i));
+        let uv = _mm512_maskz_loadu_ps(m, u.add(i));
+        let e = exp512(_mm512_sub_ps(zero, _mm512_abs_ps(x)));
+        let pos = _mm512_cmp_ps_mask::<_CMP_GE_OQ>(x, zero);
+        let s = _mm512_div_ps(_mm512_mask_blend_ps(pos, e, one), _mm512_add_ps(one, e));
+        _mm512_mask_storeu_ps(o.add(i), m, _mm512_mul_ps(_mm512_mul_ps(x, s), uv));
+        i += 16;
+    }
+}
+
+/// AVX2 version of [`swiglu_512`].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn swiglu_avx2(g: *const f32, u: *const f32, o: *mut f32, n: usize) {
+    let one = _mm256_set1_ps(1.0);
+    let zero = _mm256_setzero_ps();
+    let sign = _mm256_set1_ps(-0.0);
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = _mm256_loadu_ps(g.add(i));
+        let uv = _mm256_loadu_ps(u.add(i));
+        let e = exp256(_mm256_or_ps(x, sign)); // e^-|x|
+        let pos = _mm256_cmp_ps::<_CMP_GE_OQ>(x, zero);
+        let s = _mm256_div_ps(_mm256_blendv_ps(e, one, pos), _mm256_add_ps(one, e));
+        _mm256_storeu_ps(o.add(i), _mm256_mul_ps(_mm256_mul_ps(x, s), uv));
+        i += 8;
+    }
+    while i < n {
+        let x = *g.add(i);
+        *o.add(i) = x / (1.0 + (-x).exp()) * *u.add(i);
+        i += 1;
     }
 }
 

@@ -521,3 +521,35 @@ fn shared_types_are_send_sync() {
     ok::<ThreadPool>();
     ok::<cachet_kernels::KernelError>();
 }
+
+/// SwiGLU on every ISA level against f64 arithmetic: lengths around the vector widths,
+/// inputs across the range a feed-forward block produces and beyond (|x| up to 120).
+#[test]
+fn swiglu_matches_f64_on_every_isa() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for_each_isa(|level| {
+        for n in [1usize, 7, 8, 9, 15, 16, 17, 33, 1536] {
+            let g: Vec<f32> = (0..n)
+                .map(|i| match i % 5 {
+                    0 => rng.gen_range(-120.0f32..120.0),
+                    1 => 0.0,
+                    _ => rng.gen_range(-8.0f32..8.0),
+                })
+                .collect();
+            let u = rand_vec(&mut rng, n);
+            let mut out = vec![f32::NAN; n + 1];
+            cachet_kernels::act::swiglu(&g, &u, &mut out[..n]);
+            assert!(out[n].is_nan(), "{level:?}: wrote past the output");
+            for i in 0..n {
+                let (x, y) = (g[i] as f64, u[i] as f64);
+                let want = x / (1.0 + (-x).exp()) * y;
+                let err = (out[i] as f64 - want).abs();
+                assert!(
+                    err <= 2e-6 * want.abs() + 1e-30,
+                    "{level:?} n={n} i={i}: silu({x})*{y} = {} want {want}",
+                    out[i]
+                );
+            }
+        }
+    });
+}
