@@ -1,8 +1,9 @@
 //! Throughput of the default model on this machine:
-//! `cargo run --release -p cachet-model --example bench [-- THREADS] [--exact]`.
+//! `cargo run --release -p cachet-model --example bench [-- THREADS] [--exact] [--batch=N]`.
 //!
 //! * prefill: one 512-token prompt in a single step (tokens/s);
-//! * decode at batch 1 and 8: greedy steps after a 64-token prompt (generated tokens/s).
+//! * decode at batch 1 and 16: 32 greedy steps after a 128-token prompt (generated tokens/s),
+//!   the shape of `cachet bench kernel`'s batched rows.
 
 use std::time::Instant;
 
@@ -139,30 +140,37 @@ fn main() {
         .expect("executor");
     let params = SamplingParams::greedy(1);
 
-    // Prefill: 512 tokens in one step (warm up once).
-    let mut best = f64::MAX;
-    e.set_profiling(true);
-    for _ in 0..3 {
-        let mut s = seqs(1, 512, 600);
-        let t = Instant::now();
-        step(&mut e, &mut s, &params);
-        best = best.min(t.elapsed().as_secs_f64());
+    // Prefill: 512 tokens in one step (warm up once); skipped with `--batch=N`.
+    if !args.iter().any(|a| a.starts_with("--batch=")) {
+        let mut best = f64::MAX;
+        e.set_profiling(true);
+        for _ in 0..3 {
+            let mut s = seqs(1, 512, 600);
+            let t = Instant::now();
+            step(&mut e, &mut s, &params);
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let mm = (0..3)
+            .map(|_| matmul_only(&m, 512, 1))
+            .fold(f64::MAX, f64::min);
+        println!(
+            "prefill 512 tokens: {:.3}s = {:.0} tok/s (matmuls alone {:.3}s = {:.0}%)",
+            best,
+            512.0 / best,
+            mm,
+            100.0 * mm / best
+        );
+        print_profile(&e, 3.0);
     }
-    let mm = (0..3)
-        .map(|_| matmul_only(&m, 512, 1))
-        .fold(f64::MAX, f64::min);
-    println!(
-        "prefill 512 tokens: {:.3}s = {:.0} tok/s (matmuls alone {:.3}s = {:.0}%)",
-        best,
-        512.0 / best,
-        mm,
-        100.0 * mm / best
-    );
-    print_profile(&e, 3.0);
 
-    for batch in [1usize, 8] {
-        let steps = 64;
-        let mut s = seqs(batch, 64, 64 + steps + 8);
+    // `--batch=N`: only decode at batch N (for profiling one shape).
+    let batches: Vec<usize> = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--batch=")?.parse().ok())
+        .map_or(vec![1, 16], |b| vec![b]);
+    for batch in batches {
+        let steps = 32;
+        let mut s = seqs(batch, 128, 128 + steps + 8);
         step(&mut e, &mut s, &params);
         step(&mut e, &mut s, &params); // warm-up decode
         e.set_profiling(true);

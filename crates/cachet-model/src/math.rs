@@ -21,12 +21,6 @@ pub fn exp_f32(x: f32) -> f32 {
     p * f32::from_bits(bits)
 }
 
-/// `x · sigmoid(x)`.
-#[inline(always)]
-pub fn silu(x: f32) -> f32 {
-    x / (1.0 + exp_f32(-x))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,6 +38,5 @@ mod tests {
         assert_eq!(exp_f32(0.0), 1.0);
         assert!(exp_f32(-1000.0) < 1e-37);
         assert!(exp_f32(1000.0).is_finite());
-        assert!((silu(1.0) - 0.731_058_6).abs() < 1e-6);
     }
 }

@@ -48,12 +48,35 @@ pub fn uniform(seed: u64, step: u64) -> f64 {
 
 /// Index of the largest value, lowest index on ties; NaN never wins.
 pub fn argmax(xs: &[f32]) -> usize {
+    // 16 independent lanes (lane l sees elements l, l+16, ...; a strict `>` keeps each lane's
+    // first maximum), so the loop vectorises; then the lanes are merged, lowest index on
+    // ties. NaN never wins; with no value above -inf the answer is 0.
+    const L: usize = 16;
+    let mut bv = [f32::NEG_INFINITY; L];
+    let mut bi = [0u32; L];
+    let chunks = xs.chunks_exact(L);
+    let rest = chunks.remainder();
+    for (c, chunk) in chunks.enumerate() {
+        for l in 0..L {
+            let better = chunk[l] > bv[l];
+            bv[l] = if better { chunk[l] } else { bv[l] };
+            bi[l] = if better { c as u32 } else { bi[l] };
+        }
+    }
     let mut best = 0;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &v) in xs.iter().enumerate() {
-        if v > bv {
-            bv = v;
+    let mut best_v = f32::NEG_INFINITY;
+    for l in 0..L {
+        let i = bi[l] as usize * L + l;
+        if bv[l] > best_v || (bv[l] == best_v && best_v > f32::NEG_INFINITY && i < best) {
+            best_v = bv[l];
             best = i;
+        }
+    }
+    let base = xs.len() - rest.len();
+    for (j, &v) in rest.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = base + j;
         }
     }
     best
@@ -108,6 +131,16 @@ pub fn top_logprobs(
     }
     cand.sort_by(cmp);
     cand.iter().map(|&(i, v)| (i, v - lse)).collect()
+}
+
+/// Whether [`apply_penalties`] would change anything for this request now.
+fn changes_logits(inp: &SampleInput<'_>) -> bool {
+    let p = inp.params;
+    let rep = p.repetition_penalty;
+    (inp.output.len() as u64) < p.min_tokens as u64
+        || (rep != 1.0 && rep > 0.0)
+        || p.presence_penalty != 0.0
+        || p.frequency_penalty != 0.0
 }
 
 /// Applies min-tokens masking and the penalties to `work` (a copy of the logits).
@@ -175,18 +208,23 @@ pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> 
     if vocab == 0 {
         return Sampled::token(0);
     }
-    let mut work = std::mem::take(&mut s.work);
-    work.clear();
-    work.extend_from_slice(logits);
-    apply_penalties(&mut work, inp, s);
-
     let greedy = p.temperature <= 0.0 || p.top_k == 1 || !p.temperature.is_finite();
-    let token = if greedy {
-        argmax(&work) as u32
+    let token = if greedy && !changes_logits(inp) {
+        // The common case needs no copy of the logits.
+        argmax(logits) as u32
     } else {
-        draw(&work, inp, s)
+        let mut work = std::mem::take(&mut s.work);
+        work.clear();
+        work.extend_from_slice(logits);
+        apply_penalties(&mut work, inp, s);
+        let token = if greedy {
+            argmax(&work) as u32
+        } else {
+            draw(&work, inp, s)
+        };
+        s.work = work;
+        token
     };
-    s.work = work;
 
     // The log-softmax over the whole vocabulary costs more than a greedy pick: only when asked.
     let (logprob, top) = match p.logprobs {

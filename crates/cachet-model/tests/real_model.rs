@@ -191,7 +191,8 @@ fn greedy_matches_candle_quantized_llama_exact() {
 /// The served path (quantized weights, int8 activations as in ggml) against candle's own
 /// quantized path (Q8_1 activations). The two round activations differently, which moves
 /// logits by up to ~2 on this small Q4_1 model and flips near-ties, so exact equality of long
-/// greedy runs is not expected (identical runs are counted and printed). What must hold: along
+/// greedy runs is not expected (identical runs are counted and printed; how many there are
+/// depends on the rounding of near-ties, e.g. of the SwiGLU kernel). What must hold: along
 /// candle's greedy path, candle's token is always cachet's argmax or within a near-tie margin.
 #[test]
 fn greedy_quantized_path_agrees_with_candle_up_to_near_ties() {
@@ -233,7 +234,6 @@ fn greedy_quantized_path_agrees_with_candle_up_to_near_ties() {
         worst_margin < 0.5,
         "candle's token is {worst_margin} below cachet's best"
     );
-    assert!(exact >= 1, "no prompt gave identical greedy tokens");
 }
 
 fn cachet_greedy(

@@ -324,3 +324,41 @@ fn logprobs_are_log_softmax_of_raw_logits() {
     assert_eq!(top, vec![1, 3, 4]);
     assert!((s.top_logprobs[0].1 - 0.5f32.ln()).abs() < 1e-5);
 }
+
+/// The lane-parallel argmax against the plain first-maximum scan: ties (lowest index wins),
+/// NaN (never wins), all -inf (index 0), and lengths around the 16-lane width.
+#[test]
+fn argmax_matches_a_plain_scan() {
+    fn plain(xs: &[f32]) -> usize {
+        let (mut best, mut bv) = (0, f32::NEG_INFINITY);
+        for (i, &v) in xs.iter().enumerate() {
+            if v > bv {
+                (best, bv) = (i, v);
+            }
+        }
+        best
+    }
+    let mut seed = 1u64;
+    for len in [1usize, 2, 15, 16, 17, 31, 32, 33, 100, 49152] {
+        for case in 0..20 {
+            let xs: Vec<f32> = (0..len)
+                .map(|_| {
+                    seed = cachet_model::sampling::splitmix64(seed);
+                    match (case, seed % 13) {
+                        (0, _) => f32::NEG_INFINITY,
+                        (_, 0) => f32::NAN,
+                        (_, 1) => f32::NEG_INFINITY,
+                        // Few distinct values: many ties.
+                        _ => (seed % 7) as f32,
+                    }
+                })
+                .collect();
+            assert_eq!(
+                cachet_model::sampling::argmax(&xs),
+                plain(&xs),
+                "len {len} case {case}"
+            );
+        }
+    }
+    assert_eq!(cachet_model::sampling::argmax(&[f32::NAN, 1.0]), 1);
+}
