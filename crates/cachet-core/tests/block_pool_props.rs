@@ -3,6 +3,7 @@
 //! pool's free-queue order, reference counts, cache map and observer counters must equal the
 //! model's, and `check_invariants` must pass.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
 use cachet_core::block_pool::{BlockPool, CacheOutcome, PoolCounters};
@@ -113,12 +114,13 @@ proptest! {
                     }
                     let b = open[pick % open.len()];
                     let h = hash(key);
-                    let expect = if m.cached.contains_key(&h.0) {
-                        CacheOutcome::AlreadyCached
-                    } else {
-                        m.cached.insert(h.0, b);
-                        m.entry[b as usize] = Some(h);
-                        CacheOutcome::Created
+                    let expect = match m.cached.entry(h.0) {
+                        Entry::Occupied(_) => CacheOutcome::AlreadyCached,
+                        Entry::Vacant(v) => {
+                            v.insert(b);
+                            m.entry[b as usize] = Some(h);
+                            CacheOutcome::Created
+                        }
                     };
                     prop_assert_eq!(pool.fill_and_cache(b, Some(h)), Some(expect));
                     m.counters.blocks_filled += 1;
