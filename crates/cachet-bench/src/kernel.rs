@@ -127,6 +127,16 @@ pub struct KernelRow {
     pub llama_source: Option<String>,
 }
 
+/// Aggregate decode throughput at batch `batch` over batch 1.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScalingRow {
+    pub batch: usize,
+    /// Mean ± std of the per-repetition ratios (the sizes run interleaved).
+    pub cachet: Rate,
+    /// llama-batched-bench's ratio from the same run, when it ran.
+    pub llama: Option<f64>,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelReport {
     pub date: String,
@@ -134,6 +144,8 @@ pub struct KernelReport {
     pub model: String,
     pub threads: usize,
     pub rows: Vec<KernelRow>,
+    /// Each engine's own batched-decode scaling.
+    pub scaling: Vec<ScalingRow>,
     pub ttft_cold_ms: Rate,
     pub ttft_cached_ms: Rate,
     pub ttft_prompt: usize,
@@ -244,9 +256,9 @@ fn decode(
 
 fn cachet_side(a: &KernelArgs, model: &LoadedModel) -> Result<CachetSide, BenchError> {
     let reps = a.reps.max(1);
-    let max_b = a.batches.iter().copied().max().unwrap_or(1);
+    let all_b: usize = a.batches.iter().sum();
     let need = [
-        max_b * (a.batch_ctx + reps * a.batch_steps + 1).div_ceil(BLOCK),
+        all_b * (a.batch_ctx + reps * a.batch_steps + 1).div_ceil(BLOCK),
         (a.depth + reps * a.depth_steps + 1).div_ceil(BLOCK),
         (a.prompt + 1).div_ceil(BLOCK) + (a.gen + 2).div_ceil(BLOCK),
         2 * (a.ttft_prompt + 1).div_ceil(BLOCK),
@@ -312,14 +324,18 @@ fn cachet_side(a: &KernelArgs, model: &LoadedModel) -> Result<CachetSide, BenchE
     }
     rows.push((format!("decode tg{}, batch 1", a.gen), Rate::of(&tg)));
 
-    // Batched decode: B sequences with `batch_ctx` tokens each, then `batch_steps` steps.
-    for &b in &a.batches {
-        blocks.reset();
+    // Batched decode: for every batch size B, B sequences with `batch_ctx` tokens each; then
+    // `batch_steps` steps per size, the sizes interleaved within each repetition so that
+    // they see the same machine (this VM's speed drifts by 20 % and more within a minute,
+    // which made sequential runs of each size disagree on cachet's own scaling).
+    blocks.reset();
+    let mut groups: Vec<Vec<Seq>> = Vec::with_capacity(a.batches.len());
+    for (gi, &b) in a.batches.iter().enumerate() {
         let mut seqs = Vec::with_capacity(b);
         for i in 0..b {
             let p = tokens(model, 100 + i as u64, a.batch_ctx)?;
             seqs.push(mk(
-                i as u32,
+                (gi * 1000 + i) as u32,
                 p,
                 &mut blocks,
                 a.batch_ctx + reps * a.batch_steps + 1,
@@ -331,16 +347,33 @@ fn cachet_side(a: &KernelArgs, model: &LoadedModel) -> Result<CachetSide, BenchE
             let chunks: Vec<Vec<u32>> = seqs[lo..hi].iter().map(|s| s.prompt.clone()).collect();
             step(exec, &params, &mut seqs[lo..hi], &chunks)?;
         }
-        let mut v = Vec::new();
-        for _ in 0..reps {
-            let dt = decode(exec, &params, &mut seqs, a.batch_steps)?;
-            v.push((b * a.batch_steps) as f64 / dt);
+        groups.push(seqs);
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); a.batches.len()];
+    for _ in 0..reps {
+        for (gi, seqs) in groups.iter_mut().enumerate() {
+            let dt = decode(exec, &params, seqs, a.batch_steps)?;
+            rates[gi].push((seqs.len() * a.batch_steps) as f64 / dt);
         }
-        eprintln!("[kernel] cachet decode batch {b}: {}", Rate::of(&v).show());
+    }
+    for (&b, v) in a.batches.iter().zip(&rates) {
+        eprintln!("[kernel] cachet decode batch {b}: {}", Rate::of(v).show());
         rows.push((
             format!("decode batch {b} at ctx {} (aggregate)", a.batch_ctx),
-            Rate::of(&v),
+            Rate::of(v),
         ));
+    }
+    // Own scaling: batch B over batch 1 of the same repetition.
+    let mut scaling = Vec::new();
+    if let Some(one) = a.batches.iter().position(|&b| b == 1) {
+        for (gi, &b) in a.batches.iter().enumerate().filter(|&(_, &b)| b > 1) {
+            let r: Vec<f64> = rates[gi]
+                .iter()
+                .zip(&rates[one])
+                .map(|(x, y)| x / y)
+                .collect();
+            scaling.push((b, Rate::of(&r)));
+        }
     }
 
     // Batch 1 at depth.
@@ -409,7 +442,13 @@ fn cachet_side(a: &KernelArgs, model: &LoadedModel) -> Result<CachetSide, BenchE
             dt2 * 1e3
         );
     }
-    Ok((rows, Rate::of(&cold), Rate::of(&warm), cached_tokens))
+    Ok(CachetSide {
+        rows,
+        ttft_cold_ms: Rate::of(&cold),
+        ttft_cached_ms: Rate::of(&warm),
+        cached_tokens,
+        scaling,
+    })
 }
 
 /// Parses `llama-bench -o json` output: (n_prompt, n_gen, n_depth, avg_ts, stddev_ts).
@@ -478,7 +517,14 @@ fn run_tool(bin: &Path, args: &[String], cmds: &mut Vec<String>) -> Result<Strin
 }
 
 /// Named rates, TTFT cold and cached (ms), and the cached token count.
-type CachetSide = (Vec<(String, Rate)>, Rate, Rate, usize);
+struct CachetSide {
+    rows: Vec<(String, Rate)>,
+    ttft_cold_ms: Rate,
+    ttft_cached_ms: Rate,
+    cached_tokens: usize,
+    /// (B, aggregate at batch B / at batch 1, paired by repetition).
+    scaling: Vec<(usize, Rate)>,
+}
 
 type LlamaRates = Vec<(String, Rate, String)>;
 
@@ -617,7 +663,7 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
             ..Default::default()
         },
     )?;
-    let (rows, cold, warm, cached_tokens) = cachet_side(a, &model)?;
+    let side = cachet_side(a, &model)?;
     drop(model);
     let mut cmds = Vec::new();
     let (llama, llama_error) = if a.no_llama {
@@ -631,7 +677,21 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
             }
         }
     };
-    let rows = rows
+    let llama_tg = |b: usize| {
+        let name = format!("decode batch {b} at ctx {} (aggregate)", a.batch_ctx);
+        llama.iter().find(|(n, _, _)| *n == name).map(|x| x.1.mean)
+    };
+    let scaling = side
+        .scaling
+        .iter()
+        .map(|&(batch, cachet)| ScalingRow {
+            batch,
+            cachet,
+            llama: llama_tg(batch).zip(llama_tg(1)).map(|(x, y)| x / y),
+        })
+        .collect();
+    let rows = side
+        .rows
         .into_iter()
         .map(|(name, c)| {
             let l = llama.iter().find(|(n, _, _)| *n == name);
@@ -650,10 +710,11 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         model: path.display().to_string(),
         threads: a.threads,
         rows,
-        ttft_cold_ms: cold,
-        ttft_cached_ms: warm,
+        scaling,
+        ttft_cold_ms: side.ttft_cold_ms,
+        ttft_cached_ms: side.ttft_cached_ms,
         ttft_prompt: a.ttft_prompt,
-        ttft_cached_tokens: cached_tokens,
+        ttft_cached_tokens: side.cached_tokens,
         llama_commands: cmds,
         llama_error,
     };
@@ -698,6 +759,14 @@ pub fn table(rep: &KernelReport, markdown: bool) -> String {
             ]
         })
         .collect();
+    for sc in &rep.scaling {
+        rows.push(vec![
+            format!("decode batch {} / batch 1 (own scaling, ×)", sc.batch),
+            format!("{:.2} ± {:.2}", sc.cachet.mean, sc.cachet.std),
+            sc.llama.map_or("n/a".into(), |l| format!("{l:.2}")),
+            String::new(),
+        ]);
+    }
     rows.push(vec![
         format!("TTFT {} tokens cold (ms)", rep.ttft_prompt),
         rep.ttft_cold_ms.show(),
