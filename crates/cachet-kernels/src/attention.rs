@@ -74,17 +74,45 @@ pub fn paged_attention<T: KvElem>(
     let isa = isa::active();
     let gs = args.n_heads / args.n_kv_heads;
     let qt = tile_tokens(gs);
-    let mut part = vec![0f32; qt * gs * (args.head_dim + 2)];
+    let stride = gs * (args.head_dim + 2);
+    let mut part = vec![0f32; qt.max(1) * stride * args.n_kv_heads];
     let mut t = 0;
     while t < args.n_tokens {
         let nq = qt.min(args.n_tokens - t);
-        for g in 0..args.n_kv_heads {
-            let range = (0, args.start_pos + t + nq);
-            attend_part(isa, args, q, k, v, (t, nq), g, range, &mut part);
-            finalize(args, &part, (t, nq), g, out);
+        let range = (0, args.start_pos + t + nq);
+        if nq == 1 && attend_all_groups(isa, args, q, k, v, t, range, &mut part) {
+            // A decode token: every group in one pass over the positions.
+            for g in 0..args.n_kv_heads {
+                finalize(args, &part[g * stride..], (t, 1), g, out);
+            }
+        } else {
+            for g in 0..args.n_kv_heads {
+                attend_part(isa, args, q, k, v, (t, nq), g, range, &mut part);
+                finalize(args, &part, (t, nq), g, out);
+            }
         }
         t += nq;
     }
+}
+
+/// Token `t` against every kv group in one pass (SIMD only); false if not handled.
+#[allow(clippy::too_many_arguments)]
+fn attend_all_groups<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    t: usize,
+    range: (usize, usize),
+    part: &mut [f32],
+) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if a.n_kv_heads > 1 && isa >= Isa::Avx512 {
+        return crate::x86::attend_groups(isa, a, q, k, v, (t, 1), (0, a.n_kv_heads), range, part);
+    }
+    let _ = (isa, a, q, k, v, t, range, part);
+    false
 }
 
 /// Query tokens processed together per K/V pass (rows = tokens × group size <= 64).

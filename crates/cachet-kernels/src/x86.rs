@@ -397,6 +397,26 @@ pub(crate) fn attend_group<T: KvElem>(
     v: &[T],
     (t, nq): (usize, usize),
     g: usize,
+    range: (usize, usize),
+    part: &mut [f32],
+) -> bool {
+    attend_groups(isa, a, q, k, v, (t, nq), (g, 1), range, part)
+}
+
+/// SIMD attention for query tokens `t..t + nq` and the `ng` kv groups from `g`, in one pass
+/// over the positions (`ng > 1`, AVX-512 only: a decode token reads each position's K/V row
+/// of all heads at once, one sequential stream instead of one strided pass per group).
+/// `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns false if the
+/// shape is not handled.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_groups<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    (t, nq): (usize, usize),
+    (g, ng): (usize, usize),
     (p0, p1): (usize, usize),
     part: &mut [f32],
 ) -> bool {
@@ -405,12 +425,18 @@ pub(crate) fn attend_group<T: KvElem>(
     };
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
-    // Multi-token tiles only in the AVX-512 kernel; at most 64 rows (tokens × heads).
-    if nq == 0 || nq * gs > 64 || (nq > 1 && isa < Isa::Avx512) {
+    // Multi-token tiles and multi-group passes only in the AVX-512 kernel; at most 64 rows
+    // (tokens × heads).
+    if nq == 0
+        || ng == 0
+        || g + ng > a.n_kv_heads
+        || nq * gs * ng > 64
+        || ((nq > 1 || ng > 1) && isa < Isa::Avx512)
+    {
         return false;
     }
     let row = a.n_kv_heads * hd;
-    if part.len() < nq * gs * (hd + 2)
+    if part.len() < nq * gs * ng * (hd + 2)
         || p1 > a.start_pos + t + nq
         || p0 > p1
         || t + nq > a.n_tokens
@@ -437,6 +463,7 @@ pub(crate) fn attend_group<T: KvElem>(
         nq,
         qstride: a.n_heads * hd,
         gs,
+        ng,
         hd,
         scale: a.scale,
         qp,
@@ -495,8 +522,10 @@ struct AttnCtx<'a> {
     /// Context end (exclusive) of the first query token; token `i` of the tile ends at
     /// `ctx0 + i` (causal), capped by `ctx`.
     ctx0: usize,
-    /// Query tokens in the tile (rows = nq × gs), and the q stride between tokens.
+    /// Query tokens in the tile (rows = nq × gs × ng), and the q stride between tokens.
     nq: usize,
+    /// Consecutive kv groups in this pass (their K/V rows are adjacent in a position's row).
+    ng: usize,
     qstride: usize,
     is_f16: bool,
 }
@@ -590,7 +619,12 @@ unsafe fn exp512(x: __m512) -> __m512 {
 unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     let hd = c.hd;
     let gs = c.gs;
-    let rows = (c.nq * gs).min(64);
+    let ng = c.ng;
+    // Row r: token r / (gs·ng), head (r % (gs·ng)) of the pass, in group (r % (gs·ng)) / gs.
+    let per_tok = gs * ng;
+    let rows = (c.nq * per_tok).min(64);
+    // Vectors per position in the f32 copies (all groups of the pass).
+    let pv = ng * HV;
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
     let mut kp = [0usize; CHUNK];
@@ -600,14 +634,14 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     // (a decode step makes thousands of these calls; allocating and zeroing 16 KB each
     // cost more than the arithmetic).
     let mut scratch = ATTN_SCRATCH.take();
-    let need = (rows + 2 * buf_rows) * HV;
+    let need = rows * HV + 2 * buf_rows * pv;
     if scratch.len() < need {
         scratch.resize(need, _mm512_setzero_ps());
     }
     let (acc, rest) = scratch.split_at_mut(rows * HV);
     acc.fill(_mm512_setzero_ps());
-    let (kbuf, rest) = rest.split_at_mut(buf_rows * HV);
-    let vbuf = &mut rest[..buf_rows * HV];
+    let (kbuf, rest) = rest.split_at_mut(buf_rows * pv);
+    let vbuf = &mut rest[..buf_rows * pv];
     let mut krow = [std::ptr::null::<f32>(); CHUNK];
     let mut vrow = [std::ptr::null::<f32>(); CHUNK];
     let mut c0 = c.p0;
@@ -619,20 +653,22 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
             if c.is_f16 {
                 if j < n {
                     let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
-                    for i in 0..HV {
-                        kbuf[j * HV + i] = ld512(kr.add(32 * i), true);
-                        vbuf[j * HV + i] = ld512(vr.add(32 * i), true);
+                    for i in 0..pv {
+                        kbuf[j * pv + i] = ld512(kr.add(32 * i), true);
+                        vbuf[j * pv + i] = ld512(vr.add(32 * i), true);
                     }
                 }
-                krow[j] = kbuf.as_ptr().add(jj * HV) as *const f32;
-                vrow[j] = vbuf.as_ptr().add(jj * HV) as *const f32;
+                krow[j] = kbuf.as_ptr().add(jj * pv) as *const f32;
+                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const f32;
             } else {
                 krow[j] = c.kb.add(kp[jj]) as *const f32;
                 vrow[j] = c.vb.add(kp[jj]) as *const f32;
             }
         }
         for r in 0..rows {
-            let (ti, h) = (r / gs, r % gs);
+            let (ti, h) = (r / per_tok, r % per_tok);
+            // This row's group within the position rows: `go` floats in.
+            let go = (h / gs) * hd;
             // causal end of this row within the chunk
             let end = (c.ctx0 + ti).min(c.ctx);
             if end <= c0 {
@@ -650,7 +686,7 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 let cnt = (nr - j).min(16);
                 let mut dv = [_mm512_setzero_ps(); 16];
                 for (jj, dv) in dv.iter_mut().enumerate() {
-                    let kr = krow[(j + jj).min(CHUNK - 1)];
+                    let kr = krow[(j + jj).min(CHUNK - 1)].add(go);
                     let mut d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                     for (i, qv) in qv.iter().enumerate().skip(1) {
                         d = _mm512_fmadd_ps(*qv, _mm512_loadu_ps(kr.add(16 * i)), d);
@@ -704,7 +740,7 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
             let mut j = 0;
             while j + 2 <= nr {
                 let (p0, p1) = (_mm512_set1_ps(s[j]), _mm512_set1_ps(s[j + 1]));
-                let (v0, v1) = (vrow[j], vrow[j + 1]);
+                let (v0, v1) = (vrow[j].add(go), vrow[j + 1].add(go));
                 for i in 0..HV {
                     a0[i] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0.add(16 * i)), a0[i]);
                     a1[i] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1.add(16 * i)), a1[i]);
@@ -714,7 +750,7 @@ unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
             if j < nr {
                 let p0 = _mm512_set1_ps(s[j]);
                 for (i, a0) in a0.iter_mut().enumerate() {
-                    *a0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vrow[j].add(16 * i)), *a0);
+                    *a0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vrow[j].add(go + 16 * i)), *a0);
                 }
             }
             for i in 0..HV {

@@ -472,6 +472,11 @@ fn paged_attention_all_isas() {
             (8, 2, 128, 32, 70, 3),
             (6, 1, 48, 5, 13, 4),
             (2, 1, 20, 3, 7, 2),
+            // decode tokens with several kv groups (one pass over all groups), with odd head
+            // sizes and block sizes, and more heads than one pass takes (falls back)
+            (16, 8, 64, 16, 45, 1),
+            (6, 2, 48, 5, 13, 1),
+            (72, 8, 16, 4, 10, 1),
             // long contexts: the parallel version splits them into merged segments
             (9, 3, 64, 16, 700, 1),
             (8, 1, 64, 16, 1000, 1),
