@@ -363,9 +363,25 @@ impl EngineHandle {
 
     /// Stop accepting requests, let running and waiting ones finish, stop the core thread.
     pub async fn shutdown(&self) {
-        self.shared.shutting_down.store(true, Ordering::SeqCst);
-        let mut idle = self.shared.idle.subscribe();
-        let _ = idle.wait_for(|&i| i).await;
+        let sh = &self.shared;
+        sh.shutting_down.store(true, Ordering::SeqCst);
+        let mut idle = sh.idle.subscribe();
+        loop {
+            let _ = idle.wait_for(|&i| i).await;
+            // Idle can still be reported for a request that was accepted but not yet picked
+            // up by the core thread: it is live (and queued) until its final output.
+            let pending = sh.queued.load(Ordering::SeqCst) > 0
+                || !sh
+                    .live
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .requests
+                    .is_empty();
+            if !pending {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
         let _ = self.tx.send(Command::Shutdown);
     }
 
