@@ -1,49 +1,18 @@
 //! Scheduler step time with 1,000 running decode requests on the simulated executor at zero
 //! model cost (schedule + execute + update + stats). Requests generate 64-191 tokens each and
-//! are replaced as they finish, so the batch stays at 1,000 in steady state.
+//! are replaced as they finish, so the batch stays at 1,000 in steady state
+//! (`sim::decode_workload_core`).
 
 use std::time::{Duration, Instant};
 
-use cachet_core::{NewRequest, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::EngineCore;
-use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::sim::{decode_workload_core, decode_workload_request};
 use criterion::{criterion_group, criterion_main, Criterion};
 
-fn request(i: u64) -> NewRequest {
-    let prompt: Vec<u32> = (0..8).map(|j| ((i * 8 + j) % 40_000) as u32).collect();
-    // Staggered lengths so that a few requests finish (and are replaced) in every step.
-    let max_tokens = 64 + (i % 128) as u32;
-    NewRequest::new(
-        format!("r{i}"),
-        prompt,
-        SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(max_tokens)
-        },
-    )
-}
-
 fn step_1000_decodes(c: &mut Criterion) {
-    let cfg = SchedulerConfig {
-        num_blocks: 16_000,
-        max_num_seqs: 1000,
-        max_num_batched_tokens: 8192,
-        ..Default::default()
-    };
-    let sim = SimExecutor::new(SimConfig {
-        num_blocks: cfg.num_blocks,
-        full_context_check: false,
-        ..Default::default()
-    });
-    let mut core = EngineCore::new(cfg, sim, Vec::new());
-    let mut next = 0u64;
-    for _ in 0..1000 {
-        core.add_request(request(next)).expect("fits");
-        next += 1;
-    }
-    let mut t = 0.0;
-    core.step(|| 0.0).expect("prefill");
+    let mut core = decode_workload_core(1000, true);
     assert_eq!(core.scheduler().num_running(), 1000);
+    let mut next = 1000u64;
+    let mut t = 0.0;
     c.bench_function("engine_step_1000_running_decodes", |b| {
         b.iter_custom(|iters| {
             let mut spent = Duration::ZERO;
@@ -55,7 +24,8 @@ fn step_1000_decodes(c: &mut Criterion) {
                 spent += start.elapsed();
                 let finished = outs.iter().filter(|o| o.finish.is_some()).count();
                 for _ in 0..finished {
-                    core.add_request(request(next)).expect("fits");
+                    core.add_request(decode_workload_request(next))
+                        .expect("fits");
                     next += 1;
                 }
             }

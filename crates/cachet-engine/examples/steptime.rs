@@ -1,24 +1,9 @@
-//! Step-time probe for the 1,000-decode setup of `benches/engine.rs`, with the request count as
+//! Step-time probe for the decode workload of `benches/engine.rs`, with the request count as
 //! a knob: `cargo run --release -p cachet-engine --example steptime -- [on|off] [N]`. Prints the
 //! min / median / max of 20 rounds of 400 steps (replacing finished requests is included).
 use std::time::Instant;
 
-use cachet_core::{NewRequest, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::EngineCore;
-use cachet_engine::sim::{SimConfig, SimExecutor};
-
-fn request(i: u64) -> NewRequest {
-    let prompt: Vec<u32> = (0..8).map(|j| ((i * 8 + j) % 40_000) as u32).collect();
-    let max_tokens = 64 + (i % 128) as u32;
-    NewRequest::new(
-        format!("r{i}"),
-        prompt,
-        SamplingParams {
-            ignore_eos: true,
-            ..SamplingParams::greedy(max_tokens)
-        },
-    )
-}
+use cachet_engine::sim::{decode_workload_core, decode_workload_request};
 
 fn main() {
     let telemetry = std::env::args().nth(1).is_none_or(|a| a != "off");
@@ -26,24 +11,8 @@ fn main() {
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1000);
-    let cfg = SchedulerConfig {
-        num_blocks: 16 * n as usize,
-        max_num_seqs: n as usize,
-        max_num_batched_tokens: 8192,
-        telemetry,
-        ..Default::default()
-    };
-    let sim = SimExecutor::new(SimConfig {
-        num_blocks: cfg.num_blocks,
-        full_context_check: false,
-        ..Default::default()
-    });
-    let mut core = EngineCore::new(cfg, sim, Vec::new());
-    let mut next = 0u64;
-    for _ in 0..n {
-        core.add_request(request(next)).expect("fits");
-        next += 1;
-    }
+    let mut core = decode_workload_core(n, telemetry);
+    let mut next = n;
     let mut t = 0.0;
     let mut rounds = Vec::new();
     for round in 0..25 {
@@ -54,7 +23,8 @@ fn main() {
             let outs = core.step(|| tt).expect("step");
             let finished = outs.iter().filter(|o| o.finish.is_some()).count();
             for _ in 0..finished {
-                core.add_request(request(next)).expect("fits");
+                core.add_request(decode_workload_request(next))
+                    .expect("fits");
                 next += 1;
             }
         }

@@ -186,6 +186,46 @@ impl Executor for SimExecutor {
     }
 }
 
+/// The steady decode workload of the step benchmark (`benches/engine.rs`,
+/// `examples/steptime.rs`): request `i` has an 8-token prompt and generates `64 + i % 128`
+/// tokens ignoring EOS, so a few requests finish (and are replaced) in every step.
+pub fn decode_workload_request(i: u64) -> cachet_core::NewRequest {
+    let prompt: Vec<u32> = (0..8).map(|j| ((i * 8 + j) % 40_000) as u32).collect();
+    cachet_core::NewRequest::new(
+        format!("r{i}"),
+        prompt,
+        cachet_core::SamplingParams {
+            ignore_eos: true,
+            ..cachet_core::SamplingParams::greedy(64 + (i % 128) as u32)
+        },
+    )
+}
+
+/// An engine core for that workload with `n` requests running (one prefill step taken):
+/// `16 n` blocks, `n` sequences, zero model cost, the last-position read of the simulator.
+pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::EngineCore<SimExecutor> {
+    let cfg = cachet_core::SchedulerConfig {
+        num_blocks: 16 * n as usize,
+        max_num_seqs: n as usize,
+        max_num_batched_tokens: 8192.max(8 * n as usize),
+        telemetry,
+        ..Default::default()
+    };
+    let sim = SimExecutor::new(SimConfig {
+        num_blocks: cfg.num_blocks,
+        full_context_check: false,
+        ..Default::default()
+    });
+    let mut core = crate::core_loop::EngineCore::new(cfg, sim, Vec::new());
+    for i in 0..n {
+        if core.add_request(decode_workload_request(i)).is_err() {
+            break;
+        }
+    }
+    let _ = core.step(|| 0.0);
+    core
+}
+
 /// Hint the CPU to load the cache line holding `v` (no effect on results).
 #[inline(always)]
 fn prefetch<T>(v: &T) {

@@ -321,7 +321,8 @@ fn attend_part<T: KvElem>(
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, (t0, nq), g, range, part) {
+    if isa >= Isa::Avx2 && crate::x86::attend_groups(isa, a, q, k, v, (t0, nq), (g, 1), range, part)
+    {
         return;
     }
     // One token at a time (SIMD single-token kernel if available, else portable).
@@ -331,7 +332,9 @@ fn attend_part<T: KvElem>(
         let r = (range.0, range.1.min(a.start_pos + t + 1));
         let p = &mut part[ti * stride..(ti + 1) * stride];
         #[cfg(target_arch = "x86_64")]
-        if nq > 1 && isa >= Isa::Avx2 && crate::x86::attend_group(isa, a, q, k, v, (t, 1), g, r, p)
+        if nq > 1
+            && isa >= Isa::Avx2
+            && crate::x86::attend_groups(isa, a, q, k, v, (t, 1), (g, 1), r, p)
         {
             continue;
         }

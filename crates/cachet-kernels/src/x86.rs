@@ -386,28 +386,11 @@ fn kv_kind<T: KvElem>() -> Option<bool> {
     }
 }
 
-/// SIMD attention for (token t, kv group g). Returns false if the shape is not handled
-/// (the caller then runs the portable version).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn attend_group<T: KvElem>(
-    isa: Isa,
-    a: &PagedAttnArgs,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    (t, nq): (usize, usize),
-    g: usize,
-    range: (usize, usize),
-    part: &mut [f32],
-) -> bool {
-    attend_groups(isa, a, q, k, v, (t, nq), (g, 1), range, part)
-}
-
 /// SIMD attention for query tokens `t..t + nq` and the `ng` kv groups from `g`, in one pass
 /// over the positions (`ng > 1`, AVX-512 only: a decode token reads each position's K/V row
 /// of all heads at once, one sequential stream instead of one strided pass per group).
 /// `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns false if the
-/// shape is not handled.
+/// shape is not handled (the caller then runs the portable version).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_groups<T: KvElem>(
     isa: Isa,
