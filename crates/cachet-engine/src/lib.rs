@@ -528,26 +528,22 @@ fn run_core<E: Executor>(
 /// Send one update to its stream. Returns the id when the receiver is gone and the request is
 /// still live (so the caller aborts it).
 fn deliver(streams: &mut Streams, sh: &Shared, up: RequestUpdate) -> Option<Arc<str>> {
-    let done = up.finish.is_some();
-    let slot = up.slot as usize;
-    let stream = if done {
-        streams.0.get_mut(slot).and_then(Option::take)
-    } else {
-        None
-    };
-    let s = stream
-        .as_ref()
-        .or_else(|| streams.0.get(slot).and_then(Option::as_ref))?;
-    if done {
+    let entry = streams.0.get_mut(up.slot as usize)?;
+    if up.finish.is_some() {
+        let s = entry.take()?;
         // Forget the id (and free its session) before the client can see the final output, so
         // that a next turn sent right after it is accepted.
         sh.live
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&s.id);
+        let _ = s.tx.send(RequestOutput::from_update(s.id, up));
+        None
+    } else {
+        let s = entry.as_ref()?;
+        let failed =
+            s.tx.send(RequestOutput::from_update(s.id.clone(), up))
+                .is_err();
+        failed.then(|| s.id.clone())
     }
-    let failed =
-        s.tx.send(RequestOutput::from_update(s.id.clone(), up))
-            .is_err();
-    (failed && !done).then(|| s.id.clone())
 }
