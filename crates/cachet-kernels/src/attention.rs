@@ -171,6 +171,13 @@ pub fn paged_attention_parallel<T: KvElem>(
         return;
     }
     let mut parts = vec![0f32; pairs * segs * stride];
+    if a.n_tokens == 1
+        && a.n_kv_heads > 1
+        && isa >= Isa::Avx512
+        && decode_segments_all_groups(pool, isa, a, q, k, v, &mut parts)
+    {
+        return merge_segments(a, &parts, a.n_kv_heads, segments_all_groups(pool, a), out);
+    }
     let pp = SendPtr(parts.as_mut_ptr());
     pool.parallel_for(pairs * segs, &|item| {
         let (pair, seg) = (item / segs, item % segs);
@@ -183,7 +190,74 @@ pub fn paged_attention_parallel<T: KvElem>(
         let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * stride), stride) };
         attend_part(isa, a, q, k, v, (t, 1), g, (p0, p1), part);
     });
+    merge_segments(a, &parts, pairs, segs, out);
+}
+
+/// Segments of a decode token's context when every item covers all kv groups.
+fn segments_all_groups(pool: &ThreadPool, a: &PagedAttnArgs) -> usize {
+    let ctx = a.start_pos + a.n_tokens;
+    (2 * pool.n_threads()).min(ctx / MIN_SEGMENT).max(1)
+}
+
+/// Batch-1 decode over context segments, each item attending with all kv groups in one pass
+/// (one stream over each position's K/V row). Fills `parts` in the layout
+/// [`merge_segments`] reads; false when the SIMD kernel does not take the shape or there is
+/// only one segment.
+fn decode_segments_all_groups<T: KvElem>(
+    pool: &ThreadPool,
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    parts: &mut Vec<f32>,
+) -> bool {
+    let segs = segments_all_groups(pool, a);
+    let nkv = a.n_kv_heads;
+    let stride = (a.n_heads / nkv) * (a.head_dim + 2);
+    if segs < 2 {
+        return false;
+    }
+    let ctx = a.start_pos + 1;
+    let len = ctx.div_ceil(segs);
+    // Each segment's result for all groups, contiguous: [seg][group][rows of the group].
+    let mut by_seg = vec![0f32; segs * nkv * stride];
+    let ok: Vec<std::sync::atomic::AtomicBool> = (0..segs)
+        .map(|_| std::sync::atomic::AtomicBool::new(false))
+        .collect();
+    let bp = SendPtr(by_seg.as_mut_ptr());
+    pool.parallel_for(segs, &|seg| {
+        let p0 = (seg * len).min(ctx);
+        let p1 = ((seg + 1) * len).min(ctx);
+        // SAFETY: each segment owns the disjoint slice `seg * nkv * stride..` of `by_seg`.
+        let part = unsafe {
+            std::slice::from_raw_parts_mut(bp.get().add(seg * nkv * stride), nkv * stride)
+        };
+        let done = attend_all_groups(isa, a, q, k, v, 0, (p0, p1), part);
+        ok[seg].store(done, std::sync::atomic::Ordering::Relaxed);
+    });
+    if !ok
+        .iter()
+        .all(|d| d.load(std::sync::atomic::Ordering::Relaxed))
+    {
+        return false;
+    }
+    parts.resize(nkv * segs * stride, 0.0);
+    for seg in 0..segs {
+        for g in 0..nkv {
+            let src = &by_seg[(seg * nkv + g) * stride..][..stride];
+            parts[(g * segs + seg) * stride..][..stride].copy_from_slice(src);
+        }
+    }
+    true
+}
+
+/// Merge per-segment partial results `parts[(pair * segs + seg) * stride..]` (pair = token ×
+/// kv head) with the log-sum-exp rule and normalise them into `out`.
+fn merge_segments(a: &PagedAttnArgs, parts: &[f32], pairs: usize, segs: usize, out: &mut [f32]) {
+    let gs = a.n_heads / a.n_kv_heads;
     let hd = a.head_dim;
+    let stride = gs * (hd + 2);
     let mut merged = vec![0f32; stride];
     for pair in 0..pairs {
         let (t, g) = (pair / a.n_kv_heads, pair % a.n_kv_heads);

@@ -479,6 +479,8 @@ fn paged_attention_all_isas() {
             (72, 8, 16, 4, 10, 1),
             // long contexts: the parallel version splits them into merged segments
             (9, 3, 64, 16, 700, 1),
+            (16, 8, 64, 16, 600, 1),
+            (6, 2, 48, 5, 333, 1),
             (8, 1, 64, 16, 1000, 1),
             (4, 2, 32, 7, 400, 2),
             // prefill-like: several query-token tiles and chunks, causal inside the chunk
