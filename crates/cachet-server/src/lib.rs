@@ -9,7 +9,8 @@
 //! token counts come from the engine's `PrefillStats`; counters move only by the engine's
 //! per-interval deltas (see [`metrics::PrometheusLogger`]).
 //!
-//! **Sessions** (spec §5): a `session_id` on `/v1/chat/completions` or `/v1/messages` makes the
+//! **Sessions** (spec §5): a `session_id` on `/v1/chat/completions`, `/v1/completions` or
+//! `/v1/messages` makes the
 //! request a turn of a resumable session (the engine keeps its KV between turns). Its usage
 //! counts the whole prompt sent, with retained + hit tokens as cached (built in `usage.rs` from
 //! the engine's `SessionReport`), and the response carries a `session` object saying whether

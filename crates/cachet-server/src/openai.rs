@@ -213,6 +213,10 @@ pub struct CompletionRequest {
     pub common: CommonParams,
     #[serde(default)]
     pub logprobs: Option<u32>,
+    /// Resumable session (cachet extension, as on chat completions): the next turn's prompt
+    /// extends this one's prompt and completion.
+    #[serde(default)]
+    pub session_id: Option<String>,
     #[serde(default)]
     pub echo: Option<bool>,
 }
@@ -417,6 +421,7 @@ pub async fn completions(
         .sampling_input(req.common.max_tokens.or(Some(16)), req.logprobs);
     let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), "max_tokens")?;
     check_cache_salt(&req.common.cache_salt)?;
+    check_session_id(&req.session_id)?;
     let spec = GenSpec {
         prompt,
         sampling,
@@ -428,7 +433,7 @@ pub async fn completions(
             .unwrap_or_default(),
         cache_salt: req.common.cache_salt.clone(),
         priority: req.common.priority.unwrap_or(0),
-        session_id: None,
+        session_id: req.session_id.clone(),
     };
     let gen = Generation::start(&state, &headers, "cmpl-", spec)?;
     run(

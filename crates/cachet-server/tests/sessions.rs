@@ -430,3 +430,40 @@ async fn session_id_validation_and_auth() {
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v, json!({"reset": true}));
 }
+
+/// `session_id` on `/v1/completions`, hand-derived. Turn 1: 20 prompt tokens, one full block
+/// created. Parked: 20 + 3 generated (the last sampled token has no KV) = 23. Turn 2 sends
+/// turn 1's prompt + its 4-character completion + 10 more = 34 tokens: 23 retained, 11 new;
+/// block [16,32) becomes full with 7 retained + 9 new tokens, so 9 are created.
+#[tokio::test]
+async fn completions_take_a_session_id() {
+    let h = start(Opts::default());
+    let p1 = "abcdefghijklmnopqrst";
+    let body = |prompt: &str| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+               "ignore_eos": true, "session_id": "c-1"})
+    };
+    let (s, v1, _) = h.post("/v1/completions", body(p1)).await;
+    assert_eq!(s, StatusCode::OK, "{v1}");
+    assert_eq!(usage3(&v1), (20, 0, 16), "{v1}");
+    assert_eq!(
+        v1["session"],
+        json!({"id": "c-1", "continued": false, "status": "new", "turn": 1})
+    );
+    let text1 = v1["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(text1.len(), 4);
+    let p2 = format!("{p1}{text1}0123456789");
+    let (s, v2, _) = h.post("/v1/completions", body(&p2)).await;
+    assert_eq!(s, StatusCode::OK, "{v2}");
+    assert_eq!(usage3(&v2), (34, 23, 9), "{v2}");
+    assert_eq!(
+        v2["session"],
+        json!({"id": "c-1", "continued": true, "status": "continued", "turn": 2})
+    );
+    // An empty id is a 400 naming the parameter, as on chat completions.
+    let mut bad = body(p1);
+    bad["session_id"] = json!("");
+    let (s, v3, _) = h.post("/v1/completions", bad).await;
+    assert_eq!(s, StatusCode::BAD_REQUEST, "{v3}");
+    assert_eq!(v3["error"]["param"], "session_id", "{v3}");
+}
