@@ -544,6 +544,12 @@ impl Scheduler {
         }
     }
 
+    /// The id of the live request that is a turn of `session_id`, if one is in flight.
+    pub fn session_turn(&self, session_id: &str) -> Option<&str> {
+        let slot = *self.active_sessions.get(session_id)?;
+        self.request_id(slot)
+    }
+
     /// Whether a session is parked (its KV held).
     pub fn is_parked(&self, session_id: &str) -> bool {
         self.parked.contains_key(session_id)

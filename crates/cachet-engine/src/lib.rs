@@ -345,7 +345,8 @@ impl EngineHandle {
             .send(Command::Finish(request_id.to_string(), reason));
     }
 
-    /// Close a parked session: its KV is released (full blocks stay in the prefix cache).
+    /// Close a session: a turn in flight is aborted, and the parked KV is released (full blocks
+    /// stay in the prefix cache).
     pub fn release_session(&self, session_id: &str) {
         let _ = self
             .tx
@@ -483,6 +484,14 @@ fn run_core<E: Executor>(
                     let _ = reply.send(core.scheduler_mut().reset_prefix_cache());
                 }
                 Command::ReleaseSession(sid) => {
+                    // A turn in flight is aborted (an aborted turn does not park), then any
+                    // parked KV is released.
+                    let turn = core.scheduler().session_turn(&sid).map(str::to_owned);
+                    if let Some(id) = turn {
+                        if let Some(out) = core.finish_request(&id, FinishReason::Abort, now()) {
+                            deliver(&mut streams, &sh, out);
+                        }
+                    }
                     core.scheduler_mut().release_session(&sid);
                 }
                 Command::Shutdown => running = false,

@@ -210,3 +210,36 @@ async fn session_turns_through_the_handle() {
     assert_eq!(rep.retained_tokens, 17);
     assert_eq!(last.prefill_stats.unwrap().cache_creation_tokens, 15);
 }
+
+/// Closing a session aborts its turn in flight: the turn's stream ends with `Abort`, nothing
+/// is parked, every block is free, and the next turn with that id starts a new session.
+#[tokio::test]
+async fn closing_a_session_aborts_its_turn_in_flight() {
+    let sum = Sum::default();
+    let sim = SimConfig {
+        num_blocks: 64,
+        block_size: 16,
+        decode_cost_per_seq: Duration::from_millis(5),
+        ..Default::default()
+    };
+    let h = engine(sim, 100, &sum);
+    let mut r1 = req("t1", 20, 500);
+    r1.session_id = Some("s".into());
+    let mut s1 = h.add_request(r1).unwrap();
+    assert!(s1.next().await.unwrap().finish_reason.is_none());
+    h.release_session("s");
+    let last = drain(&mut s1).await.pop().unwrap();
+    assert_eq!(last.finish_reason, Some(FinishReason::Abort));
+    h.wait_idle().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let g = h.gauges();
+    assert_eq!(g.parked_sessions, 0);
+    assert_eq!(g.kv_cache_usage_perc, 0.0);
+    let mut r2 = req("t2", 20, 1);
+    r2.session_id = Some("s".into());
+    let last = drain(&mut h.add_request(r2).unwrap()).await.pop().unwrap();
+    assert_eq!(
+        last.session.unwrap().status,
+        cachet_engine::SessionStatus::New
+    );
+}

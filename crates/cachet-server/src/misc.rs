@@ -133,10 +133,10 @@ pub async fn detokenize(
     Ok(Json(json!({"prompt": text})))
 }
 
-/// `DELETE /v1/sessions/{id}`: closes a parked session (its KV is released; full blocks stay in
-/// the prefix cache). 204 whether or not the session was parked (an unknown, closed or expired id
-/// is not an error). A turn in flight is not cancelled: it parks when it finishes, so send the
-/// DELETE after the turn's response.
+/// `DELETE /v1/sessions/{id}`: closes a session. A turn in flight is aborted (its response ends
+/// with finish reason `abort`), and the parked KV is released (full blocks stay in the prefix
+/// cache). 204 whether or not the session existed (an unknown, closed or expired id is not an
+/// error).
 pub async fn delete_session(
     State(state): State<AppState>,
     Path(id): Path<String>,
