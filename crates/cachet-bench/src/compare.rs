@@ -401,18 +401,13 @@ pub async fn bench_compare(a: &CompareArgs) -> Result<CompareReport, BenchError>
         llama_cmdline: l_cmd,
         pairs,
     };
-    let md = if a.no_doc {
-        String::new()
-    } else {
-        markdown(&rep)
-    };
     crate::doc::publish(
         &rep,
         a.output_json.as_deref(),
         &a.doc,
         a.no_doc,
         DOC_SECTION,
-        &md,
+        markdown,
         "compare",
     )?;
     Ok(rep)

@@ -39,14 +39,15 @@ pub fn update_file(path: &Path, id: &str, body: &str) -> Result<(), BenchError> 
 }
 
 /// Where a benchmark report goes: optionally a JSON file, and (unless `no_doc`) the generated
-/// section `section` of `doc`. `tag` prefixes the progress line (`[compare]`, `[kernel]`).
+/// section `section` of `doc`, rendered by `markdown` only then. `tag` prefixes the progress
+/// line (`[compare]`, `[kernel]`).
 pub fn publish<R: serde::Serialize>(
     report: &R,
     output_json: Option<&Path>,
     doc: &Path,
     no_doc: bool,
     section: &str,
-    markdown: &str,
+    markdown: impl FnOnce(&R) -> String,
     tag: &str,
 ) -> Result<(), BenchError> {
     if let Some(p) = output_json {
@@ -55,7 +56,7 @@ pub fn publish<R: serde::Serialize>(
             .map_err(|e| BenchError::io(format!("writing {}", p.display()), e))?;
     }
     if !no_doc {
-        update_file(doc, section, markdown)?;
+        update_file(doc, section, &markdown(report))?;
         eprintln!("[{tag}] wrote section {section} of {}", doc.display());
     }
     Ok(())

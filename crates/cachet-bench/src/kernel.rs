@@ -718,18 +718,13 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         llama_commands: cmds,
         llama_error,
     };
-    let md = if a.no_doc {
-        String::new()
-    } else {
-        markdown(&rep)
-    };
     crate::doc::publish(
         &rep,
         a.output_json.as_deref(),
         &a.doc,
         a.no_doc,
         DOC_SECTION,
-        &md,
+        markdown,
         "kernel",
     )?;
     Ok(rep)

@@ -46,6 +46,17 @@ fn engine(sim: SimConfig, max_waiting: usize, sum: &Sum) -> EngineHandle {
     .unwrap()
 }
 
+/// 64 blocks of 16, 5 ms per decode step: slow enough to act on a request mid-flight.
+fn slow_engine(sum: &Sum) -> EngineHandle {
+    let sim = SimConfig {
+        num_blocks: 64,
+        block_size: 16,
+        decode_cost_per_seq: Duration::from_millis(5),
+        ..Default::default()
+    };
+    engine(sim, 100, sum)
+}
+
 /// Every output of a stream up to and including the final one.
 async fn drain(s: &mut cachet_engine::RequestStream) -> Vec<cachet_engine::RequestOutput> {
     let mut outs = Vec::new();
@@ -107,13 +118,7 @@ async fn streams_tokens_then_final_output_with_stats_and_metrics() {
 #[tokio::test]
 async fn dropping_a_stream_aborts_and_frees_everything() {
     let sum = Sum::default();
-    let sim = SimConfig {
-        num_blocks: 64,
-        block_size: 16,
-        decode_cost_per_seq: Duration::from_millis(5),
-        ..Default::default()
-    };
-    let h = engine(sim, 100, &sum);
+    let h = slow_engine(&sum);
     let mut s = h.add_request(req("a", 40, 500)).unwrap();
     s.next().await.unwrap();
     drop(s);
@@ -216,13 +221,7 @@ async fn session_turns_through_the_handle() {
 #[tokio::test]
 async fn closing_a_session_aborts_its_turn_in_flight() {
     let sum = Sum::default();
-    let sim = SimConfig {
-        num_blocks: 64,
-        block_size: 16,
-        decode_cost_per_seq: Duration::from_millis(5),
-        ..Default::default()
-    };
-    let h = engine(sim, 100, &sum);
+    let h = slow_engine(&sum);
     let mut r1 = req("t1", 20, 500);
     r1.session_id = Some("s".into());
     let mut s1 = h.add_request(r1).unwrap();

@@ -170,14 +170,14 @@ pub fn paged_attention_parallel<T: KvElem>(
         });
         return;
     }
-    let mut parts = vec![0f32; pairs * segs * stride];
-    if a.n_tokens == 1
-        && a.n_kv_heads > 1
-        && isa >= Isa::Avx512
-        && decode_segments_all_groups(pool, isa, a, q, k, v, &mut parts)
-    {
-        return merge_segments(a, &parts, a.n_kv_heads, segments_all_groups(pool, a), out);
+    if a.n_tokens == 1 && a.n_kv_heads > 1 && isa >= Isa::Avx512 {
+        if let Some((parts, segs)) = decode_segments_all_groups(pool, isa, a, q, k, v) {
+            let nkv = a.n_kv_heads;
+            let at = |g: usize, seg: usize| (seg * nkv + g) * stride;
+            return merge_segments(a, &parts, nkv, segs, at, out);
+        }
     }
+    let mut parts = vec![0f32; pairs * segs * stride];
     let pp = SendPtr(parts.as_mut_ptr());
     pool.parallel_for(pairs * segs, &|item| {
         let (pair, seg) = (item / segs, item % segs);
@@ -190,19 +190,20 @@ pub fn paged_attention_parallel<T: KvElem>(
         let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * stride), stride) };
         attend_part(isa, a, q, k, v, (t, 1), g, (p0, p1), part);
     });
-    merge_segments(a, &parts, pairs, segs, out);
-}
-
-/// Segments of a decode token's context when every item covers all kv groups.
-fn segments_all_groups(pool: &ThreadPool, a: &PagedAttnArgs) -> usize {
-    let ctx = a.start_pos + a.n_tokens;
-    (2 * pool.n_threads()).min(ctx / MIN_SEGMENT).max(1)
+    merge_segments(
+        a,
+        &parts,
+        pairs,
+        segs,
+        |pair, seg| (pair * segs + seg) * stride,
+        out,
+    );
 }
 
 /// Batch-1 decode over context segments, each item attending with all kv groups in one pass
-/// (one stream over each position's K/V row). Fills `parts` in the layout
-/// [`merge_segments`] reads; false when the SIMD kernel does not take the shape or there is
-/// only one segment.
+/// (one stream over each position's K/V row). Returns the partial results, laid out
+/// `[segment][kv group][rows of the group]`, and the segment count; `None` when the SIMD kernel
+/// does not take the shape or there is only one segment.
 fn decode_segments_all_groups<T: KvElem>(
     pool: &ThreadPool,
     isa: Isa,
@@ -210,51 +211,39 @@ fn decode_segments_all_groups<T: KvElem>(
     q: &[f32],
     k: &[T],
     v: &[T],
-    parts: &mut Vec<f32>,
-) -> bool {
-    let segs = segments_all_groups(pool, a);
-    let nkv = a.n_kv_heads;
-    let stride = (a.n_heads / nkv) * (a.head_dim + 2);
-    if segs < 2 {
-        return false;
-    }
+) -> Option<(Vec<f32>, usize)> {
     let ctx = a.start_pos + 1;
+    let segs = (2 * pool.n_threads()).min(ctx / MIN_SEGMENT);
+    if segs < 2 {
+        return None;
+    }
+    let span = a.n_kv_heads * (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
     let len = ctx.div_ceil(segs);
-    // Each segment's result for all groups, contiguous: [seg][group][rows of the group].
-    let mut by_seg = vec![0f32; segs * nkv * stride];
-    let ok: Vec<std::sync::atomic::AtomicBool> = (0..segs)
-        .map(|_| std::sync::atomic::AtomicBool::new(false))
-        .collect();
-    let bp = SendPtr(by_seg.as_mut_ptr());
+    let mut parts = vec![0f32; segs * span];
+    let all_done = std::sync::atomic::AtomicBool::new(true);
+    let pp = SendPtr(parts.as_mut_ptr());
     pool.parallel_for(segs, &|seg| {
         let p0 = (seg * len).min(ctx);
         let p1 = ((seg + 1) * len).min(ctx);
-        // SAFETY: each segment owns the disjoint slice `seg * nkv * stride..` of `by_seg`.
-        let part = unsafe {
-            std::slice::from_raw_parts_mut(bp.get().add(seg * nkv * stride), nkv * stride)
-        };
-        let done = attend_all_groups(isa, a, q, k, v, 0, (p0, p1), part);
-        ok[seg].store(done, std::sync::atomic::Ordering::Relaxed);
-    });
-    if !ok
-        .iter()
-        .all(|d| d.load(std::sync::atomic::Ordering::Relaxed))
-    {
-        return false;
-    }
-    parts.resize(nkv * segs * stride, 0.0);
-    for seg in 0..segs {
-        for g in 0..nkv {
-            let src = &by_seg[(seg * nkv + g) * stride..][..stride];
-            parts[(g * segs + seg) * stride..][..stride].copy_from_slice(src);
+        // SAFETY: each segment owns the disjoint slice `seg * span..(seg + 1) * span`.
+        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(seg * span), span) };
+        if !attend_all_groups(isa, a, q, k, v, 0, (p0, p1), part) {
+            all_done.store(false, std::sync::atomic::Ordering::Relaxed);
         }
-    }
-    true
+    });
+    all_done.into_inner().then_some((parts, segs))
 }
 
-/// Merge per-segment partial results `parts[(pair * segs + seg) * stride..]` (pair = token ×
-/// kv head) with the log-sum-exp rule and normalise them into `out`.
-fn merge_segments(a: &PagedAttnArgs, parts: &[f32], pairs: usize, segs: usize, out: &mut [f32]) {
+/// Merge per-segment partial results (`parts[at(pair, seg)..]`, pair = token × kv head) with
+/// the log-sum-exp rule and normalise them into `out`.
+fn merge_segments(
+    a: &PagedAttnArgs,
+    parts: &[f32],
+    pairs: usize,
+    segs: usize,
+    at: impl Fn(usize, usize) -> usize,
+    out: &mut [f32],
+) {
     let gs = a.n_heads / a.n_kv_heads;
     let hd = a.head_dim;
     let stride = gs * (hd + 2);
@@ -264,14 +253,14 @@ fn merge_segments(a: &PagedAttnArgs, parts: &[f32], pairs: usize, segs: usize, o
         for h in 0..gs {
             let mut m = f32::NEG_INFINITY;
             for seg in 0..segs {
-                m = m.max(parts[(pair * segs + seg) * stride + h * (hd + 2)]);
+                m = m.max(parts[at(pair, seg) + h * (hd + 2)]);
             }
             let (mut l, mo) = (0f32, h * (hd + 2));
             merged[mo + 2..mo + 2 + hd]
                 .iter_mut()
                 .for_each(|x| *x = 0.0);
             for seg in 0..segs {
-                let p = &parts[(pair * segs + seg) * stride + mo..][..hd + 2];
+                let p = &parts[at(pair, seg) + mo..][..hd + 2];
                 if p[0] == f32::NEG_INFINITY {
                     continue; // empty segment
                 }

@@ -179,10 +179,7 @@ fn greedy_matches_candle_quantized_llama_exact() {
         assert_eq!(ours, theirs, "greedy tokens differ for {p:?}");
         let along = cachet_logits_along(&mut e, &ids, &theirs, &mut blocks);
         for (i, (a, b)) in along.iter().zip(&their_logits).enumerate() {
-            let diff = a
-                .iter()
-                .zip(b)
-                .fold(0f32, |mx, (x, y)| mx.max((x - y).abs()));
+            let diff = max_abs_diff(a, b);
             assert!(diff < 1e-2, "{p:?} step {i}: max logit difference {diff}");
         }
     }
@@ -212,10 +209,7 @@ fn greedy_quantized_path_agrees_with_candle_up_to_near_ties() {
         }
         let along = cachet_logits_along(&mut e, &ids, &theirs, &mut blocks);
         for (i, (a, b)) in along.iter().zip(&their_logits).enumerate() {
-            let diff = a
-                .iter()
-                .zip(b)
-                .fold(0f32, |mx, (x, y)| mx.max((x - y).abs()));
+            let diff = max_abs_diff(a, b);
             let best = a.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let margin = best - a[theirs[i] as usize];
             if std::env::var_os("CACHET_TEST_VERBOSE").is_some() {
@@ -234,6 +228,12 @@ fn greedy_quantized_path_agrees_with_candle_up_to_near_ties() {
         worst_margin < 0.5,
         "candle's token is {worst_margin} below cachet's best"
     );
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .fold(0f32, |mx, (x, y)| mx.max((x - y).abs()))
 }
 
 fn cachet_greedy(
