@@ -148,10 +148,17 @@ fn write_tiny_arch(arch: &str, dtype: GgmlDType, tied: bool, seed: u64) -> PathB
     let dir = std::env::temp_dir().join(format!("cachet-model-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("tmp dir");
     let path = dir.join(format!("tiny-{arch}-{dtype:?}-{tied}-{seed}.gguf"));
-    let mut f = std::fs::File::create(&path).expect("create");
+    // Tests run in parallel and several write the same model: write a private file and rename
+    // it into place, so a reader never sees one half written.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("{n}.partial"));
+    let mut f = std::fs::File::create(&tmp).expect("create");
     let meta_refs: Vec<(&str, &Value)> = meta.iter().map(|(k, v)| (*k, v)).collect();
     let t_refs: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut f, &meta_refs, &t_refs).expect("write gguf");
+    drop(f);
+    std::fs::rename(&tmp, &path).expect("rename gguf into place");
     path
 }
 
