@@ -654,6 +654,11 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         .clone()
         .unwrap_or_else(cachet_model::default_model_path);
     let (date, machine) = (crate::peer::utc_now(), crate::peer::machine_description());
+    let machine = format!(
+        "{machine}; cachet kernels: {} (AMX: {})",
+        cachet_kernels::isa::active(),
+        cachet_kernels::isa::amx_status()
+    );
     let model = cachet_model::load_model(
         &path,
         &LoadOptions {

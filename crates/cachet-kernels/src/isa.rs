@@ -8,8 +8,10 @@
 //! * `Scalar`: portable Rust, any CPU.
 //! * `Avx2`: AVX2 + FMA + F16C (x86-64-v3).
 //! * `Avx512`: AVX-512 F/BW/VL + AVX512-VNNI (int8 dot products with `vpdpbusd`).
-//! * `Amx`: AMX-TILE + AMX-INT8 on top of `Avx512`. No AMX tile kernel exists yet, so this
-//!   level currently runs the `Avx512` kernels.
+//! * `Amx`: AMX-TILE + AMX-INT8 on top of `Avx512`, tile state enabled by the OS, this
+//!   process granted it (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and a tile product that matched
+//!   the software model ([`amx_status`] says which step failed). Quantized matmuls with 8 or
+//!   more activation rows use tiles; everything else runs the `Avx512` kernels.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
@@ -65,23 +67,84 @@ impl std::fmt::Display for Isa {
     }
 }
 
+/// Why the AMX level is or is not available, as found by detection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmxStatus {
+    /// The CPU does not report AMX-TILE and AMX-INT8.
+    NotReported,
+    /// The OS did not enable tile state in XCR0.
+    NotEnabledByOs,
+    /// `arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA)` failed with this errno.
+    PermissionDenied(i32),
+    /// The hardware tile product disagreed with the software model (kernels stay on AVX-512).
+    SelfTestFailed,
+    /// Tiles are usable and the self-test passed.
+    Usable,
+}
+
+impl std::fmt::Display for AmxStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AmxStatus::NotReported => f.write_str("not reported by the CPU"),
+            AmxStatus::NotEnabledByOs => f.write_str("tile state not enabled by the OS"),
+            AmxStatus::PermissionDenied(e) => write!(f, "arch_prctl permission denied (errno {e})"),
+            AmxStatus::SelfTestFailed => f.write_str("self-test failed, using AVX-512"),
+            AmxStatus::Usable => f.write_str("in use"),
+        }
+    }
+}
+
+/// AMX availability on this CPU and OS (cached; detection runs the self-test once).
+pub fn amx_status() -> AmxStatus {
+    static S: OnceLock<AmxStatus> = OnceLock::new();
+    *S.get_or_init(detect_amx)
+}
+
 #[cfg(target_arch = "x86_64")]
-fn detect_amx() -> bool {
+fn detect_amx() -> AmxStatus {
     use std::arch::x86_64::{__cpuid_count, _xgetbv};
     let max_leaf = __cpuid_count(0, 0).eax;
     if max_leaf < 7 {
-        return false;
+        return AmxStatus::NotReported;
     }
     let l7 = __cpuid_count(7, 0);
     let amx_tile = l7.edx & (1 << 24) != 0;
     let amx_int8 = l7.edx & (1 << 25) != 0;
     if !(amx_tile && amx_int8 && std::arch::is_x86_feature_detected!("xsave")) {
-        return false;
+        return AmxStatus::NotReported;
     }
     // SAFETY: xgetbv is available when OSXSAVE/xsave is reported (checked above).
     let xcr0 = unsafe { _xgetbv(0) };
     // XTILECFG (bit 17) and XTILEDATA (bit 18) state must be enabled by the OS.
-    xcr0 & (3 << 17) == (3 << 17)
+    if xcr0 & (3 << 17) != (3 << 17) {
+        return AmxStatus::NotEnabledByOs;
+    }
+    // Linux hands out the 8 KiB tile data state per process on request.
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // SAFETY: a plain syscall with integer arguments.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_arch_prctl,
+            ARCH_REQ_XCOMP_PERM,
+            XFEATURE_XTILEDATA,
+        )
+    };
+    if rc != 0 {
+        return AmxStatus::PermissionDenied(
+            std::io::Error::last_os_error().raw_os_error().unwrap_or(0),
+        );
+    }
+    if crate::amx::self_test() {
+        AmxStatus::Usable
+    } else {
+        AmxStatus::SelfTestFailed
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detect_amx() -> AmxStatus {
+    AmxStatus::NotReported
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -94,7 +157,7 @@ fn detect() -> Isa {
         && has!("avx512vl")
         && has!("avx512dq")
         && has!("avx512vnni");
-    if avx512 && detect_amx() {
+    if avx512 && amx_status() == AmxStatus::Usable {
         Isa::Amx
     } else if avx512 {
         Isa::Avx512

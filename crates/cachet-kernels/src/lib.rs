@@ -6,6 +6,10 @@
 //!   accumulate exact int32 dot products (`vpdpbusd` with AVX-512 VNNI, `vpmaddubsw` with
 //!   AVX2, plain Rust otherwise). The same micro-kernel serves decode (m = 1..4) and
 //!   batched prefill (tiles of 4 activation rows × 32 weight rows).
+//! * `amx` (x86-64): with AMX tiles, matmuls of 8 or more activation rows compute each
+//!   weight block as a `tdpbsud` tile product on the same packed layout, bit-identical to
+//!   the AVX-512 VNNI kernel. The tile instructions sit behind a small trait with a
+//!   software model, so the kernel is tested on CPUs without AMX as well.
 //! * [`attention`]: paged attention over a KV block arena, reading K/V in place through the
 //!   block table, chunked online softmax, one K/V read per GQA group, f16 or f32 KV.
 //!   [`attention::paged_attention_parallel`] splits (token, kv head) items, and long
@@ -33,6 +37,8 @@
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
 pub mod act;
+#[cfg(target_arch = "x86_64")]
+mod amx;
 pub mod attention;
 pub mod isa;
 pub mod pool;

@@ -1013,7 +1013,7 @@ pub(crate) fn quantize_act_row_scalar(
     }
 }
 
-fn quantize_act(
+pub(crate) fn quantize_act(
     isa: Isa,
     pool: &ThreadPool,
     x: &[f32],
@@ -1190,6 +1190,15 @@ impl QMatrix {
         self.ty
     }
 
+    /// The repacked weights, for quantized types.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn packed(&self) -> Option<&Packed> {
+        match &self.repr {
+            Repr::Packed(p) => Some(p),
+            _ => None,
+        }
+    }
+
     /// Bytes of weight data the kernels stream per full pass (after repacking).
     pub fn storage_bytes(&self) -> usize {
         match &self.repr {
@@ -1323,7 +1332,7 @@ fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Tile driver: splits (group pairs × row tiles) into pool tasks and calls the ISA kernel.
-fn matmul_packed(
+pub(crate) fn matmul_packed(
     isa: Isa,
     pool: &ThreadPool,
     p: &Packed,
@@ -1332,6 +1341,11 @@ fn matmul_packed(
     m: usize,
     y: &mut [f32],
 ) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && m >= crate::amx::MIN_M {
+        crate::amx::matmul(pool, p, rows, a, m, y);
+        return;
+    }
     let n_pairs = p.n_groups.div_ceil(2);
     let m_tiles = m.div_ceil(MR);
     let nt = pool.n_threads();

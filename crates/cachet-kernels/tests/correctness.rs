@@ -7,7 +7,7 @@ use cachet_kernels::attention::{
     attention_reference, paged_attention, paged_attention_parallel, try_paged_attention, KvElem,
     PagedAttnArgs,
 };
-use cachet_kernels::isa::{self, Isa};
+use cachet_kernels::isa::{self, AmxStatus, Isa};
 use cachet_kernels::quant::{
     self, dequantize_block, dequantize_row_bytes, quantize_row, BlockQ4K, BlockQ4_0, BlockQ4_1,
     BlockQ6K, BlockQ8_0,
@@ -243,6 +243,22 @@ fn constructor_errors() {
 
 // ------------------------------------------------------------------ matmul
 
+/// On a CPU with AMX the level is offered only after the hardware tile product matched the
+/// software model; a mismatch must fail here rather than quietly fall back to AVX-512.
+#[test]
+fn amx_level_only_after_a_passing_self_test() {
+    let status = isa::amx_status();
+    eprintln!("AMX: {status}; detected level: {}", isa::detected());
+    assert_ne!(
+        status,
+        AmxStatus::SelfTestFailed,
+        "AMX tiles disagree with the model"
+    );
+    if isa::detected() == Isa::Amx {
+        assert_eq!(status, AmxStatus::Usable);
+    }
+}
+
 fn check_matmul(
     ty: WeightType,
     rows: usize,
@@ -337,7 +353,7 @@ fn matmul_legacy_types_all_isas() {
                     ty,
                     rows,
                     cols,
-                    &[1, 3, 7, 33],
+                    &[1, 3, 7, 16, 33],
                     &pool,
                     rows as u64 * 31 + cols as u64,
                 );
@@ -356,7 +372,7 @@ fn matmul_kquants_all_isas() {
                     ty,
                     rows,
                     cols,
-                    &[1, 3, 7, 33],
+                    &[1, 3, 7, 16, 33],
                     &pool,
                     rows as u64 * 7 + cols as u64,
                 );
