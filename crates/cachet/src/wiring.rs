@@ -202,6 +202,8 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 kv_dtype = kv_dtype.as_str(),
                 max_model_len,
                 threads = loaded.threads,
+                isa = %cachet_kernels::isa::active(),
+                amx = %cachet_kernels::isa::amx_status(),
                 "model loaded"
             );
             Ok(Built {
