@@ -7,14 +7,14 @@ MODEL := $(HOME)/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf
 BIN := target/release/cachet
 SERVE_ARGS ?=
 
-.PHONY: serve test model build test-deps rust-test lint e2e bench peer bench-compare bench-kernel clean
+.PHONY: serve test model build test-deps rust-test amx-emu lint e2e bench peer bench-compare bench-kernel clean
 
 ## Fetch the default model if missing, build in release mode, start the server on 127.0.0.1:8000.
 serve: model build
 	$(BIN) serve $(SERVE_ARGS)
 
 ## Install what the tests need, then run every test suite.
-test: test-deps model lint rust-test e2e
+test: test-deps model lint rust-test amx-emu e2e
 
 model:
 	@scripts/fetch-model.sh
@@ -32,6 +32,11 @@ lint:
 # Release mode: one optimised build serves the unit tests, the real-model tests and the e2e binary.
 rust-test:
 	$(CARGO) test --workspace --release
+
+## The AMX tile kernel's tests on an emulated AMX CPU (Bochs + Linux guest); skipped on a CPU
+## with AMX (the native run covers it). See scripts/amx-emu/run.sh.
+amx-emu:
+	scripts/amx-emu/run.sh
 
 e2e: build
 	CACHET_BIN=$(CURDIR)/$(BIN) CACHET_E2E_REAL_MODEL=1 CACHET_E2E_MODEL_ARGS="--model $(MODEL)" \
