@@ -23,7 +23,10 @@ use std::arch::x86_64::*;
 use std::cell::RefCell;
 
 use crate::pool::ThreadPool;
-use crate::quant::{Fmt, PFmt, Packed, QAct, SendPtr, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP};
+use crate::quant::{
+    Fmt, PFmt, Packed, QAct, SendPtr, TaskGrid, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP,
+};
+use crate::x86::{block_scales_512, fold_block_512};
 
 /// Activation rows per tile (the AMX tile height).
 pub(crate) const TM: usize = 16;
@@ -254,26 +257,11 @@ pub(crate) fn matmul_with<T: Tiles + Default>(
     y: &mut [f32],
 ) {
     assert!(y.len() >= m * rows && a.q.len() >= m * a.cols && a.nb == p.nb);
-    let m_tiles = m.div_ceil(TM);
-    let nt = pool.n_threads();
-    let groups_per_task = (p.n_groups / (nt * 4)).max(1);
-    let g_tasks = p.n_groups.div_ceil(groups_per_task);
-    // Split over m too when there are few weight tasks.
-    let m_split = if g_tasks >= nt * 2 || m_tiles == 1 {
-        1
-    } else {
-        (nt * 2).div_ceil(g_tasks).min(m_tiles)
-    };
-    let tiles_per_split = m_tiles.div_ceil(m_split);
+    let grid = TaskGrid::new(p.n_groups, m.div_ceil(TM), pool.n_threads());
     let yp = SendPtr(y.as_mut_ptr());
-    pool.parallel_for(g_tasks * m_split, &|task| {
-        let (gt, ms) = (task / m_split, task % m_split);
-        let g0 = gt * groups_per_task;
-        let (t0, t1) = (
-            ms * tiles_per_split,
-            ((ms + 1) * tiles_per_split).min(m_tiles),
-        );
-        if t0 >= t1 {
+    pool.parallel_for(grid.tasks(), &|task| {
+        let (groups, tiles) = grid.ranges(task);
+        if groups.is_empty() || tiles.is_empty() {
             return;
         }
         let job = Job {
@@ -281,22 +269,22 @@ pub(crate) fn matmul_with<T: Tiles + Default>(
             a,
             rows,
             y: yp,
-            g0,
-            g1: (g0 + groups_per_task).min(p.n_groups),
-            i0: t0 * TM,
-            i1: (t1 * TM).min(m),
+            g0: groups.start,
+            g1: groups.end,
+            i0: tiles.start * TM,
+            i1: (tiles.end * TM).min(m),
         };
-        let mut tiles = T::default();
+        let mut unit = T::default();
         // SAFETY: AVX-512 is present wherever this runs (the AMX level implies it, and the
         // tests only call it after checking); the job's ranges lie inside `p`, `a` and `y`
         // (asserted above), and tasks write disjoint (row range × group range) parts of `y`.
         unsafe {
             match p.fmt {
-                PFmt::Q4_0 => kernel::<FQ4_0, T>(&mut tiles, &job),
-                PFmt::Q4_1 => kernel::<FQ4_1, T>(&mut tiles, &job),
-                PFmt::Q8_0 => kernel::<FQ8_0, T>(&mut tiles, &job),
-                PFmt::Q4K => kernel::<FQ4K, T>(&mut tiles, &job),
-                PFmt::Q6K => kernel::<FQ6K, T>(&mut tiles, &job),
+                PFmt::Q4_0 => kernel::<FQ4_0, T>(&mut unit, &job),
+                PFmt::Q4_1 => kernel::<FQ4_1, T>(&mut unit, &job),
+                PFmt::Q8_0 => kernel::<FQ8_0, T>(&mut unit, &job),
+                PFmt::Q4K => kernel::<FQ4K, T>(&mut unit, &job),
+                PFmt::Q6K => kernel::<FQ6K, T>(&mut unit, &job),
             }
         }
     });
@@ -362,29 +350,12 @@ unsafe fn kernel_inner<F: Fmt, T: Tiles>(tiles: &mut T, job: &Job, unpacked: *mu
                 tiles.load_b(bsrc, 64);
                 tiles.dp();
                 tiles.store_c(cp, 64);
-                let sp = w.add(b * F::STRIDE + F::QBYTES);
-                let d = if F::F32S {
-                    _mm512_loadu_ps(sp as *const f32)
-                } else {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i))
-                };
-                let c = if F::HASM {
-                    let mp = sp.add(GROUP * F::SBYTES);
-                    if F::F32S {
-                        _mm512_loadu_ps(mp as *const f32)
-                    } else {
-                        _mm512_cvtph_ps(_mm256_loadu_si256(mp as *const __m256i))
-                    }
-                } else {
-                    _mm512_mul_ps(d, negoff)
-                };
-                // Same operations, same order as the VNNI kernel's block epilogue.
+                // The VNNI kernel's scales and block fold: bit-identical results.
+                let (d, c) = block_scales_512::<F>(w.add(b * F::STRIDE), negoff);
                 for (i, acc) in acc.iter_mut().enumerate().take(mr) {
-                    let ci = _mm512_load_si512(cp.add(64 * i) as *const _);
-                    let dx = _mm512_set1_ps(*xd.add(i * anb + b));
-                    let sx = _mm512_set1_ps(*xs.add(i * anb + b));
-                    let t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ci), _mm512_mul_ps(d, dx), *acc);
-                    *acc = _mm512_fmadd_ps(c, sx, t);
+                    let sums = _mm512_load_si512(cp.add(64 * i) as *const _);
+                    let (dx, sx) = (*xd.add(i * anb + b), *xs.add(i * anb + b));
+                    *acc = fold_block_512(*acc, sums, d, dx, c, sx);
                 }
             }
             let mask = if nvalid >= GROUP {

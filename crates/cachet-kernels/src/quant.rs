@@ -1347,31 +1347,16 @@ pub(crate) fn matmul_packed(
         return;
     }
     let n_pairs = p.n_groups.div_ceil(2);
-    let m_tiles = m.div_ceil(MR);
-    let nt = pool.n_threads();
-    // Weight-pair chunks: enough tasks for load balance, few enough to keep overhead low.
-    let pairs_per_task = (n_pairs / (nt * 4)).max(1);
-    let pair_tasks = n_pairs.div_ceil(pairs_per_task);
-    // Split over m too when there are few weight tasks (small matrices in prefill).
-    let m_split = if pair_tasks >= nt * 2 || m_tiles == 1 {
-        1
-    } else {
-        (nt * 2).div_ceil(pair_tasks).min(m_tiles)
-    };
-    let tiles_per_split = m_tiles.div_ceil(m_split);
+    let grid = TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads());
     let yp = SendPtr(y.as_mut_ptr());
     let run = |task: usize| {
-        let (pt, ms) = (task / m_split, task % m_split);
-        let p0 = pt * pairs_per_task;
-        let p1 = (p0 + pairs_per_task).min(n_pairs);
-        let t0 = ms * tiles_per_split;
-        let t1 = (t0 + tiles_per_split).min(m_tiles);
-        for pair in p0..p1 {
+        let (pairs, tiles) = grid.ranges(task);
+        for pair in pairs {
             let g0 = pair * 2;
             let ng = (p.n_groups - g0).min(2);
             let r0 = g0 * GROUP;
             let nvalid = (rows - r0).min(ng * GROUP);
-            for tile in t0..t1 {
+            for tile in tiles.clone() {
                 let i0 = tile * MR;
                 let mr = (m - i0).min(MR);
                 let job = TileJob {
@@ -1390,7 +1375,54 @@ pub(crate) fn matmul_packed(
             }
         }
     };
-    pool.parallel_for(pair_tasks * m_split, &run);
+    pool.parallel_for(grid.tasks(), &run);
+}
+
+/// How a matmul is cut into pool tasks: chunks of weight units (16-row groups or pairs of
+/// them) × splits of the activation-row tiles.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TaskGrid {
+    units: usize,
+    m_tiles: usize,
+    units_per_task: usize,
+    m_split: usize,
+    tiles_per_split: usize,
+}
+
+impl TaskGrid {
+    pub(crate) fn new(units: usize, m_tiles: usize, threads: usize) -> TaskGrid {
+        // Weight chunks: enough tasks for load balance, few enough to keep overhead low.
+        let units_per_task = (units / (threads * 4)).max(1);
+        let unit_tasks = units.div_ceil(units_per_task);
+        // Split over m too when there are few weight tasks (small matrices in prefill).
+        let m_split = if unit_tasks >= threads * 2 || m_tiles == 1 {
+            1
+        } else {
+            (threads * 2).div_ceil(unit_tasks).min(m_tiles)
+        };
+        TaskGrid {
+            units,
+            m_tiles,
+            units_per_task,
+            m_split,
+            tiles_per_split: m_tiles.div_ceil(m_split),
+        }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.units.div_ceil(self.units_per_task) * self.m_split
+    }
+
+    /// Task `task`'s weight units and activation-row tiles (either may be empty).
+    pub(crate) fn ranges(&self, task: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (ut, ms) = (task / self.m_split, task % self.m_split);
+        let u0 = ut * self.units_per_task;
+        let t0 = (ms * self.tiles_per_split).min(self.m_tiles);
+        (
+            u0..(u0 + self.units_per_task).min(self.units),
+            t0..(t0 + self.tiles_per_split).min(self.m_tiles),
+        )
+    }
 }
 
 /// One micro-kernel invocation: rows `r0..r0+nvalid` (groups g0..g0+ng) × x rows i0..i0+mr.

@@ -171,6 +171,56 @@ pub(crate) fn run_tile(isa: Isa, job: &TileJob) {
     }
 }
 
+/// Scales `(d, c)` of one packed block's 16 weight rows (value = d·code + c); `block` points
+/// at the block, `negoff` holds `-OFF` for formats without a stored minimum.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn block_scales_512<F: Fmt>(
+    block: *const u8,
+    negoff: __m512,
+) -> (__m512, __m512) {
+    let sp = block.add(F::QBYTES);
+    let d = load_scales_512::<F>(sp);
+    let c = if F::HASM {
+        load_scales_512::<F>(sp.add(GROUP * F::SBYTES))
+    } else {
+        _mm512_mul_ps(d, negoff)
+    };
+    (d, c)
+}
+
+/// 16 per-row scales, stored as f32 or f16.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn load_scales_512<F: Fmt>(p: *const u8) -> __m512 {
+    if F::F32S {
+        _mm512_loadu_ps(p as *const f32)
+    } else {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+}
+
+/// Fold one block's exact int32 sums of an activation row into its f32 accumulator:
+/// `acc + sums · (d · dx) + c · sx`, with `dx`, `sx` the row's block scale and scaled sum.
+/// The one order every int8 kernel uses, so their outputs are bit-identical.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn fold_block_512(
+    acc: __m512,
+    sums: __m512i,
+    d: __m512,
+    dx: f32,
+    c: __m512,
+    sx: f32,
+) -> __m512 {
+    let t = _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(sums),
+        _mm512_mul_ps(d, _mm512_set1_ps(dx)),
+        acc,
+    );
+    _mm512_fmadd_ps(c, _mm512_set1_ps(sx), t)
+}
+
 /// AVX-512 VNNI micro-kernel: `MR` activation rows × `NG` groups of 16 weight rows.
 /// Each weight vector holds 4 consecutive codes of 16 rows; activation quads are broadcast
 /// and `vpdpbusd` accumulates exact int32 block dot products, converted to f32 per block.
@@ -217,31 +267,10 @@ unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
             }
         }
         for g in 0..NG {
-            let sp = w0.add(g * gb + b * F::STRIDE + F::QBYTES);
-            let d = if F::F32S {
-                _mm512_loadu_ps(sp as *const f32)
-            } else {
-                _mm512_cvtph_ps(_mm256_loadu_si256(sp as *const __m256i))
-            };
-            let c = if F::HASM {
-                let mp = sp.add(GROUP * F::SBYTES);
-                if F::F32S {
-                    _mm512_loadu_ps(mp as *const f32)
-                } else {
-                    _mm512_cvtph_ps(_mm256_loadu_si256(mp as *const __m256i))
-                }
-            } else {
-                _mm512_mul_ps(d, negoff)
-            };
+            let (d, c) = block_scales_512::<F>(w0.add(g * gb + b * F::STRIDE), negoff);
             for i in 0..MR {
-                let dx = _mm512_set1_ps(*xd0.add(i * anb + b));
-                let sx = _mm512_set1_ps(*xs0.add(i * anb + b));
-                let t = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(acci[i][g]),
-                    _mm512_mul_ps(d, dx),
-                    accf[i][g],
-                );
-                accf[i][g] = _mm512_fmadd_ps(c, sx, t);
+                let (dx, sx) = (*xd0.add(i * anb + b), *xs0.add(i * anb + b));
+                accf[i][g] = fold_block_512(accf[i][g], acci[i][g], d, dx, c, sx);
             }
         }
     }
