@@ -24,7 +24,7 @@ use std::cell::RefCell;
 
 use crate::pool::ThreadPool;
 use crate::quant::{
-    Fmt, PFmt, Packed, QAct, SendPtr, TaskGrid, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP,
+    Fmt, PFmt, Packed, QAct, SendPtr, TaskGrid, A64, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP,
 };
 use crate::x86::{block_scales_512, fold_block_512};
 
@@ -224,10 +224,6 @@ struct Job<'a> {
     i1: usize,
 }
 
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct A64([u8; 64]);
-
 thread_local! {
     /// Unpacked 4-bit B tiles of one weight group (8 rows × 64 bytes per block).
     static UNPACKED: RefCell<Vec<A64>> = const { RefCell::new(Vec::new()) };
@@ -404,19 +400,12 @@ mod tests {
     use super::*;
     use crate::isa::{self, Isa};
     use crate::quant::{matmul_packed, quantize_act, QMatrix, WeightType};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
 
     fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-            })
-            .collect()
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
     }
 
     /// The model against a hand-computed product: row m of A is all `m - 8` (signed), row k

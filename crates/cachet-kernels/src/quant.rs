@@ -825,9 +825,10 @@ impl PFmt {
     }
 }
 
+/// 64 bytes aligned to a cache line (packed weights, tile buffers).
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct A64([u8; 64]);
+pub(crate) struct A64(pub(crate) [u8; 64]);
 
 /// Rows repacked into groups of 16 (see module docs).
 pub(crate) struct Packed {
@@ -1191,7 +1192,7 @@ impl QMatrix {
     }
 
     /// The repacked weights, for quantized types.
-    #[cfg_attr(not(test), allow(dead_code))]
+    #[cfg(test)]
     pub(crate) fn packed(&self) -> Option<&Packed> {
         match &self.repr {
             Repr::Packed(p) => Some(p),

@@ -10,13 +10,12 @@
 //! per-interval deltas (see [`metrics::PrometheusLogger`]).
 //!
 //! **Sessions** (spec §5): a `session_id` on `/v1/chat/completions`, `/v1/completions` or
-//! `/v1/messages` makes the
-//! request a turn of a resumable session (the engine keeps its KV between turns). Its usage
-//! counts the whole prompt sent, with retained + hit tokens as cached (built in `usage.rs` from
-//! the engine's `SessionReport`), and the response carries a `session` object saying whether
-//! the turn continued (`continued` / `new` / `history_mismatch`). A second turn in flight is a
-//! 409; `DELETE /v1/sessions/{id}` releases a session, `POST /reset_prefix_cache` empties the
-//! prefix cache.
+//! `/v1/messages` makes the request a turn of a resumable session (the engine keeps its KV
+//! between turns). Its usage counts the whole prompt sent, with retained + hit tokens as cached
+//! (built in `usage.rs` from the engine's `SessionReport`), and the response carries a
+//! `session` object saying whether the turn continued (`continued` / `new` /
+//! `history_mismatch`). A second turn in flight is a 409; `DELETE /v1/sessions/{id}` releases a
+//! session, `POST /reset_prefix_cache` empties the prefix cache.
 //!
 //! Entry points: [`ServerArgs`] (flags), [`router`] (the routes, for tests), [`serve`] (bind,
 //! serve, graceful shutdown), [`MetricsHandle`] (registry + stat logger for the engine).
