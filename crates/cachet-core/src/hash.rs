@@ -22,6 +22,43 @@ impl fmt::Debug for BlockHash {
     }
 }
 
+impl BlockHash {
+    /// Lower-case hex of all 32 bytes.
+    pub fn to_hex(&self) -> String {
+        let mut s = String::with_capacity(64);
+        for b in &self.0 {
+            s.push_str(&format!("{b:02x}"));
+        }
+        s
+    }
+
+    /// Parses what [`BlockHash::to_hex`] writes.
+    pub fn from_hex(s: &str) -> Option<Self> {
+        if s.len() != 64 || !s.is_ascii() {
+            return None;
+        }
+        let mut out = [0u8; 32];
+        for (i, b) in out.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok()?;
+        }
+        Some(BlockHash(out))
+    }
+}
+
+/// Serialized as 64 hex characters.
+impl serde::Serialize for BlockHash {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_hex())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for BlockHash {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        BlockHash::from_hex(&s).ok_or_else(|| serde::de::Error::custom("expected 64 hex digits"))
+    }
+}
+
 impl std::hash::Hash for BlockHash {
     fn hash<H: Hasher>(&self, state: &mut H) {
         state.write(&self.0[..8]);
@@ -102,6 +139,15 @@ pub fn hash_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hex_round_trip() {
+        let h = BlockHash(std::array::from_fn(|i| (i * 37) as u8));
+        let hex = h.to_hex();
+        assert_eq!(&hex[..6], "00254a");
+        assert_eq!(BlockHash::from_hex(&hex), Some(h));
+        assert_eq!(BlockHash::from_hex("zz"), None);
+    }
 
     #[test]
     fn seed_depends_on_model_block_size_and_layout() {

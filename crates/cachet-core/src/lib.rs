@@ -15,6 +15,7 @@
 
 pub mod block_pool;
 pub mod connector;
+pub mod events;
 pub mod exec;
 pub mod hash;
 pub mod kv_manager;

@@ -1,0 +1,1 @@
+//! External KV tiers (skeleton).
