@@ -6,9 +6,8 @@
 //! evicts that entry (lazy eviction). The free queue is an intrusive doubly linked list over
 //! block indices, so a cache hit can pull a block out of the middle in O(1).
 //!
-//! The pool knows nothing about requests: operations report their effects ([`AllocEffects`],
-//! [`CacheOutcome`]) and the caller attributes them. The observer counters ([`PoolCounters`]) are
-//! incremented after an action is complete and are never read by a decision.
+//! The pool knows nothing about requests and counts nothing: each operation reports its effects
+//! (the blocks it evicted, whether a fill created a cache entry) and the caller attributes them.
 
 use hashbrown::HashTable;
 
@@ -28,12 +27,12 @@ struct BlockMeta {
     cached: bool,
 }
 
-/// What an allocation did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AllocEffects {
-    pub allocated: u64,
-    /// Cached blocks whose entry was dropped to satisfy this allocation.
-    pub evicted: u64,
+/// A cache entry dropped because its block was taken by an allocation: the block now belongs to
+/// the allocating request, and `hash` is what it held until then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Evicted {
+    pub block: BlockId,
+    pub hash: BlockHash,
 }
 
 /// What caching a newly full block did.
@@ -43,14 +42,6 @@ pub enum CacheOutcome {
     Created,
     /// Another block already holds this hash; the existing entry is kept.
     AlreadyCached,
-}
-
-/// Monotonic observer totals of the pool's physical activity.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolCounters {
-    pub blocks_allocated: u64,
-    pub blocks_filled: u64,
-    pub blocks_evicted: u64,
 }
 
 /// Not enough free blocks.
@@ -73,14 +64,11 @@ pub struct BlockPool {
     /// The cache map: block ids keyed by the hash in `hashes[id]` (4 bytes per entry, so the
     /// table stays cache-resident; removing an evicted entry compares ids, not hashes).
     cached: HashTable<BlockId>,
-    counters: PoolCounters,
-    observe: bool,
 }
 
 impl BlockPool {
-    /// A pool of `num_blocks` free, uncached blocks. With `observe == false` the observer
-    /// counters stay at zero (the pool's behaviour is identical).
-    pub fn new(num_blocks: usize, observe: bool) -> Self {
+    /// A pool of `num_blocks` free, uncached blocks.
+    pub fn new(num_blocks: usize) -> Self {
         assert!(num_blocks < NIL as usize, "too many blocks");
         let n = num_blocks as u32;
         let blocks = (0..n)
@@ -100,8 +88,6 @@ impl BlockPool {
             num_free: num_blocks,
             num_cached_free: 0,
             cached: HashTable::with_capacity(num_blocks),
-            counters: PoolCounters::default(),
-            observe,
         }
     }
 
@@ -127,8 +113,9 @@ impl BlockPool {
         self.cached.len()
     }
 
-    pub fn counters(&self) -> PoolCounters {
-        self.counters
+    /// Every cache entry as (hash, block), in no particular order (tests, the inspector).
+    pub fn cache_entries(&self) -> impl Iterator<Item = (BlockHash, BlockId)> + '_ {
+        self.cached.iter().map(|&b| (self.hashes[b as usize], b))
     }
 
     pub fn ref_count(&self, block: BlockId) -> u32 {
@@ -149,23 +136,21 @@ impl BlockPool {
             .copied()
     }
 
-    /// Take `n` blocks from the front of the free queue, each with ref count 1. Blocks that hold
-    /// a cache entry lose it (counted in `evicted`). Appends the ids to `out`.
+    /// Take `n` blocks from the front of the free queue, each with ref count 1, and append their
+    /// ids to `out`. Blocks that hold a cache entry lose it; each such eviction is appended to
+    /// `evicted`. All or nothing: on `Err` nothing changed.
     pub fn allocate(
         &mut self,
         n: usize,
         out: &mut Vec<BlockId>,
-    ) -> Result<AllocEffects, PoolExhausted> {
+        evicted: &mut Vec<Evicted>,
+    ) -> Result<(), PoolExhausted> {
         if n > self.num_free {
             return Err(PoolExhausted {
                 requested: n,
                 free: self.num_free,
             });
         }
-        let mut effects = AllocEffects {
-            allocated: n as u64,
-            evicted: 0,
-        };
         out.reserve(n);
         let mut id = self.head;
         for _ in 0..n {
@@ -184,7 +169,10 @@ impl BlockPool {
                 {
                     entry.remove();
                 }
-                effects.evicted += 1;
+                evicted.push(Evicted {
+                    block: id,
+                    hash: self.hashes[id as usize],
+                });
             }
             out.push(id);
             id = next;
@@ -197,11 +185,7 @@ impl BlockPool {
             self.blocks[id as usize].prev = NIL;
         }
         self.num_free -= n;
-        if self.observe {
-            self.counters.blocks_allocated += effects.allocated;
-            self.counters.blocks_evicted += effects.evicted;
-        }
-        Ok(effects)
+        Ok(())
     }
 
     /// Add a reference to each (cache-hit) block, pulling free ones out of the free queue.
@@ -241,33 +225,23 @@ impl BlockPool {
         }
     }
 
-    /// Record that `block` became full, and make it the cache entry for `hash` unless another
-    /// block already is.
-    pub fn fill_and_cache(
-        &mut self,
-        block: BlockId,
-        hash: Option<BlockHash>,
-    ) -> Option<CacheOutcome> {
+    /// `block` became full: make it the cache entry for `hash` unless another block already is.
+    pub fn cache_full_block(&mut self, block: BlockId, hash: BlockHash) -> CacheOutcome {
         let hashes = &mut self.hashes;
-        let outcome = hash.map(|h| {
-            match self.cached.entry(
+        let h = hash;
+        match self.cached.entry(
                 key(&h),
                 |&b| hashes[b as usize] == h,
                 |&b| key(&hashes[b as usize]),
             ) {
-                hashbrown::hash_table::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
-                hashbrown::hash_table::Entry::Vacant(v) => {
-                    v.insert(block);
-                    self.blocks[block as usize].cached = true;
-                    hashes[block as usize] = h;
-                    CacheOutcome::Created
-                }
+            hashbrown::hash_table::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
+            hashbrown::hash_table::Entry::Vacant(v) => {
+                v.insert(block);
+                self.blocks[block as usize].cached = true;
+                hashes[block as usize] = h;
+                CacheOutcome::Created
             }
-        });
-        if self.observe {
-            self.counters.blocks_filled += 1;
         }
-        outcome
     }
 
     /// Drop every cache entry. Only allowed while no block is in use; returns whether it ran.
@@ -416,11 +390,17 @@ mod tests {
         BlockHash([i; 32])
     }
 
+    fn alloc(p: &mut BlockPool, n: usize, out: &mut Vec<BlockId>) -> Vec<Evicted> {
+        let mut ev = Vec::new();
+        p.allocate(n, out, &mut ev).unwrap();
+        ev
+    }
+
     #[test]
     fn allocate_takes_from_front_and_free_appends_tail_first() {
-        let mut p = BlockPool::new(4, true);
+        let mut p = BlockPool::new(4);
         let mut a = Vec::new();
-        p.allocate(3, &mut a).unwrap();
+        assert!(alloc(&mut p, 3, &mut a).is_empty());
         assert_eq!(a, vec![0, 1, 2]);
         assert_eq!(p.free_queue(), vec![3]);
         p.free(&a);
@@ -431,14 +411,11 @@ mod tests {
 
     #[test]
     fn hit_pulls_block_from_middle_and_allocation_evicts_lazily() {
-        let mut p = BlockPool::new(3, true);
+        let mut p = BlockPool::new(3);
         let mut a = Vec::new();
-        p.allocate(3, &mut a).unwrap();
+        alloc(&mut p, 3, &mut a);
         for (i, &b) in a.iter().enumerate() {
-            assert_eq!(
-                p.fill_and_cache(b, Some(h(i as u8))),
-                Some(CacheOutcome::Created)
-            );
+            assert_eq!(p.cache_full_block(b, h(i as u8)), CacheOutcome::Created);
         }
         p.free(&a);
         assert_eq!(p.free_queue(), vec![2, 1, 0]);
@@ -449,37 +426,20 @@ mod tests {
         assert_eq!(p.free_queue(), vec![2, 0]);
         assert_eq!(p.num_cached_free(), 2);
         let mut b = Vec::new();
-        let eff = p.allocate(1, &mut b).unwrap();
+        let ev = alloc(&mut p, 1, &mut b);
         assert_eq!(b, vec![2]);
-        assert_eq!(
-            eff,
-            AllocEffects {
-                allocated: 1,
-                evicted: 1
-            }
-        );
+        assert_eq!(ev, vec![Evicted { block: 2, hash: h(2) }]);
         assert_eq!(p.lookup(&h(2)), None);
-        assert_eq!(
-            p.counters(),
-            PoolCounters {
-                blocks_allocated: 4,
-                blocks_filled: 3,
-                blocks_evicted: 1
-            }
-        );
         p.check_invariants().unwrap();
     }
 
     #[test]
     fn duplicate_hash_keeps_existing_entry() {
-        let mut p = BlockPool::new(2, true);
+        let mut p = BlockPool::new(2);
         let mut a = Vec::new();
-        p.allocate(2, &mut a).unwrap();
-        assert_eq!(p.fill_and_cache(0, Some(h(7))), Some(CacheOutcome::Created));
-        assert_eq!(
-            p.fill_and_cache(1, Some(h(7))),
-            Some(CacheOutcome::AlreadyCached)
-        );
+        alloc(&mut p, 2, &mut a);
+        assert_eq!(p.cache_full_block(0, h(7)), CacheOutcome::Created);
+        assert_eq!(p.cache_full_block(1, h(7)), CacheOutcome::AlreadyCached);
         assert_eq!(p.lookup(&h(7)), Some(0));
         assert_eq!(p.block_hash(1), None);
         p.free(&a);
@@ -488,46 +448,31 @@ mod tests {
 
     #[test]
     fn exhaustion_is_an_error_and_changes_nothing() {
-        let mut p = BlockPool::new(2, true);
+        let mut p = BlockPool::new(2);
         let mut a = Vec::new();
+        let mut ev = Vec::new();
         assert_eq!(
-            p.allocate(3, &mut a),
+            p.allocate(3, &mut a, &mut ev),
             Err(PoolExhausted {
                 requested: 3,
                 free: 2
             })
         );
-        assert!(a.is_empty());
+        assert!(a.is_empty() && ev.is_empty());
         assert_eq!(p.num_free(), 2);
-        assert_eq!(p.counters(), PoolCounters::default());
     }
 
     #[test]
     fn reset_only_when_idle() {
-        let mut p = BlockPool::new(2, true);
+        let mut p = BlockPool::new(2);
         let mut a = Vec::new();
-        p.allocate(1, &mut a).unwrap();
-        p.fill_and_cache(a[0], Some(h(1)));
+        alloc(&mut p, 1, &mut a);
+        p.cache_full_block(a[0], h(1));
         assert!(!p.reset_prefix_cache());
         p.free(&a);
         assert!(p.reset_prefix_cache());
         assert_eq!(p.lookup(&h(1)), None);
         assert_eq!(p.num_cached_free(), 0);
         p.check_invariants().unwrap();
-    }
-
-    #[test]
-    fn observer_off_changes_counters_only() {
-        let mut on = BlockPool::new(4, true);
-        let mut off = BlockPool::new(4, false);
-        for p in [&mut on, &mut off] {
-            let mut a = Vec::new();
-            p.allocate(2, &mut a).unwrap();
-            p.fill_and_cache(a[0], Some(h(1)));
-            p.free(&a);
-        }
-        assert_eq!(on.free_queue(), off.free_queue());
-        assert_eq!(off.counters(), PoolCounters::default());
-        assert_eq!(on.counters().blocks_allocated, 2);
     }
 }

@@ -1,13 +1,30 @@
-//! The seam for external KV tiers (host memory, disk, Redis; spec §2 step 2).
+//! The seam for external KV tiers (host memory, Redis; spec §2 step 2).
 //!
-//! At a request's first admission, after the local lookup, the scheduler asks the connector how
-//! many of the blocks that follow the local hit it can supply. Those blocks are allocated locally
-//! and listed in the step's [`crate::scheduler::SchedulerOutput::kv_loads`] for the executor to
-//! fill instead of computing them. Implementations must answer without unbounded blocking.
+//! At a request's first admission, after the local lookup, the scheduler asks the tier how many
+//! of the blocks that follow the local hit it holds ([`KvLookup`]). Those blocks are allocated
+//! locally and the request waits for them: the plan lists them as a [`KvLoadRequest`], the
+//! engine fetches them (off the engine thread) and reports each block's outcome back
+//! ([`crate::Scheduler::resolve_loads`]); the loaded bytes travel to the executor in the next
+//! step's [`crate::exec::ExecBatch::loads`], which writes them into the blocks before any
+//! attention reads them. Blocks that failed to load are computed instead.
 
 use crate::hash::BlockHash;
+use crate::BlockId;
 
-pub trait KvConnector: Send {
-    /// How many leading blocks of `hashes` (the blocks after the local hit) the tier holds.
+/// Asked at first admission: how many leading blocks of `hashes` (the blocks after the local
+/// hit, consecutive blocks of one prompt) the tier holds. Implementations answer within a
+/// bound (a timeout), never block the engine indefinitely, and answer 0 when unsure.
+pub trait KvLookup {
     fn lookup(&mut self, hashes: &[BlockHash]) -> usize;
+}
+
+/// The blocks one request waits for, to be fetched from the tier.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvLoadRequest {
+    pub slot: u32,
+    /// The request's handle: a resolution naming another handle (the slot was reused after an
+    /// abort) is ignored.
+    pub handle: u64,
+    /// The local blocks to fill and the hash each must hold, in table order.
+    pub blocks: Vec<(BlockId, BlockHash)>,
 }

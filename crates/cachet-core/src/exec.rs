@@ -1,10 +1,17 @@
 //! The boundary between the core and a model.
 //!
-//! Each engine step the scheduler produces one [`ExecBatch`]: for every scheduled request, the
-//! tokens whose KV must be computed this step, their starting position and the request's block
-//! table. The executor writes each token's K/V into slot `pos % block_size` of block
-//! `block_table[pos / block_size]` of its arena, attends over the whole table (cached context
-//! included, causal within the chunk), and samples a token for the chunks that ask for one.
+//! Each engine step the scheduler produces one [`ExecBatch`]: the blocks to fill with KV loaded
+//! from an external tier, and for every scheduled request the tokens whose KV must be computed
+//! this step, their starting position and the request's block table. The executor first writes
+//! every load into its block, then writes each computed token's K/V into slot
+//! `pos % block_size` of block `block_table[pos / block_size]` of its arena, attends over the
+//! whole table (cached and loaded context included, causal within the chunk), and samples a
+//! token for the chunks that ask for one.
+//!
+//! A block's KV leaves and enters the executor as opaque bytes ([`Executor::save_block`],
+//! [`BlockLoad`]) in the executor's own layout, which [`Executor::kv_layout`] names; a tier keys
+//! and checks values by that name, so bytes are only ever loaded into an executor of the same
+//! layout.
 
 use thiserror::Error;
 
@@ -35,9 +42,19 @@ pub struct SampleSpec<'a> {
     pub output: &'a [TokenId],
 }
 
+/// KV bytes an executor must write into a block before it runs the step's chunks.
+#[derive(Debug)]
+pub struct BlockLoad<'a> {
+    pub block: BlockId,
+    /// Exactly [`Executor::block_bytes`] bytes, as [`Executor::save_block`] wrote them.
+    pub data: &'a [u8],
+}
+
 /// One engine step's work.
 #[derive(Debug, Default)]
 pub struct ExecBatch<'a> {
+    /// Written first, in order.
+    pub loads: Vec<BlockLoad<'a>>,
     pub seqs: Vec<SeqChunk<'a>>,
 }
 
@@ -72,6 +89,12 @@ impl Sampled {
 pub enum ExecError {
     #[error("model execution failed: {0}")]
     Failed(String),
+    #[error("a KV load for block {block} has {got} bytes; this executor's blocks have {want}")]
+    BadLoad {
+        block: BlockId,
+        got: usize,
+        want: usize,
+    },
 }
 
 /// A model that runs over the core's paged KV blocks.
@@ -80,7 +103,12 @@ pub trait Executor: Send {
     fn model_fingerprint(&self) -> [u8; 32];
     /// Names the KV layout (dtype, layers, heads, head size): part of the hash seed.
     fn kv_layout(&self) -> String;
-    /// Run one step. Returns, in `batch.seqs` order, `Some(token)` for every chunk with
-    /// `sample` set and `None` for the others.
+    /// Bytes of one block's KV as [`Executor::save_block`] writes it.
+    fn block_bytes(&self) -> usize;
+    /// Append block `block`'s KV (every layer, K and V) to `out`: [`Executor::block_bytes`]
+    /// bytes that a [`BlockLoad`] of the same layout restores exactly.
+    fn save_block(&self, block: BlockId, out: &mut Vec<u8>) -> Result<(), ExecError>;
+    /// Run one step: write `batch.loads`, then compute the chunks. Returns, in `batch.seqs`
+    /// order, `Some(token)` for every chunk with `sample` set and `None` for the others.
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError>;
 }

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use crate::block_pool::{AllocEffects, BlockPool, CacheOutcome, PoolExhausted};
+use crate::block_pool::{BlockPool, CacheOutcome, Evicted, PoolExhausted};
 use crate::hash::{hash_block, BlockHash, ExtraKeys, HashSeed};
 use crate::{BlockId, TokenId};
 
@@ -28,16 +28,49 @@ impl ReqKv {
             ..Default::default()
         }
     }
+
+    /// The hashes of the request's full token blocks computed so far (block `i` at index `i`).
+    pub fn hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+
+    /// Leading blocks that are full and have been offered to the cache.
+    pub fn num_committed(&self) -> usize {
+        self.num_committed
+    }
 }
 
-/// What committing newly full blocks did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CommitEffects {
-    pub filled: u64,
-    /// Tokens inside the `creation_range` of blocks that became new cache entries.
-    pub creation_tokens: u64,
-    /// Position up to which blocks have been committed (a multiple of B).
+/// What the KV manager's operations did since the buffer was last cleared: the raw material of
+/// every block-level number (the recorder attributes it) and of what the engine may do with
+/// blocks (offload the evicted ones before they are overwritten, save new entries).
+///
+/// One buffer is reused for every operation, so the common decode step allocates nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KvEffects {
+    /// Blocks taken from the free pool.
+    pub allocated: u32,
+    /// Cache entries dropped to satisfy those allocations.
+    pub evicted: Vec<Evicted>,
+    /// Blocks that became full (computed or loaded KV) and were offered to the cache.
+    pub filled: u32,
+    /// Block-table indices of the filled blocks that became **new** cache entries.
+    pub created: Vec<u32>,
+    /// Position up to which the request's blocks are committed (a multiple of B).
     pub committed_until: usize,
+}
+
+impl KvEffects {
+    pub fn clear(&mut self) {
+        self.allocated = 0;
+        self.evicted.clear();
+        self.filled = 0;
+        self.created.clear();
+        self.committed_until = 0;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.allocated == 0 && self.filled == 0 && self.evicted.is_empty()
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -54,11 +87,10 @@ impl KvCacheManager {
         block_size: usize,
         enable_caching: bool,
         seed: HashSeed,
-        observe: bool,
     ) -> Self {
         assert!(block_size > 0, "block size must be positive");
         KvCacheManager {
-            pool: BlockPool::new(num_blocks, observe),
+            pool: BlockPool::new(num_blocks),
             block_size,
             caching: enable_caching,
             seed,
@@ -132,18 +164,20 @@ impl KvCacheManager {
     }
 
     /// Make room for `num_new` more tokens after `num_computed` (which includes the hit blocks
-    /// `hits`, appended to the table first). All or nothing: on `Err` nothing changed.
+    /// `hits`, appended to the table first). Adds what it did to `fx`. All or nothing: on `Err`
+    /// nothing changed.
     pub fn allocate_slots(
         &mut self,
         kv: &mut ReqKv,
         hits: &[BlockId],
         num_computed: usize,
         num_new: usize,
-    ) -> Result<AllocEffects, PoolExhausted> {
+        fx: &mut KvEffects,
+    ) -> Result<(), PoolExhausted> {
         let have = kv.blocks.len() + hits.len();
         if hits.is_empty() && num_computed + num_new <= have * self.block_size {
             // The common decode step: the new token fits in the last block.
-            return Ok(AllocEffects::default());
+            return Ok(());
         }
         let needed = self.blocks_for(num_computed + num_new);
         let new_blocks = needed.saturating_sub(have);
@@ -160,47 +194,42 @@ impl KvCacheManager {
         if kv.num_committed + hits.len() == kv.blocks.len() {
             kv.num_committed = kv.blocks.len();
         }
-        let effects = self.pool.allocate(new_blocks, &mut kv.blocks)?;
-        Ok(effects)
+        self.pool
+            .allocate(new_blocks, &mut kv.blocks, &mut fx.evicted)?;
+        fx.allocated += new_blocks as u32;
+        Ok(())
     }
 
     /// Offer every block that is now full (`num_tokens_with_kv` positions hold KV) to the
-    /// cache. A block counts as a creation only when it becomes a new cache entry; its tokens
-    /// inside `creation_range` are the creation tokens.
+    /// cache, adding to `fx` the blocks filled, the ones that became new cache entries and the
+    /// committed position. Returns whether any block became full (false in most decode steps,
+    /// which then touch nothing but the request's own line).
     pub fn commit(
         &mut self,
         kv: &mut ReqKv,
         tokens: &[TokenId],
         num_tokens_with_kv: usize,
-        creation_range: Range<usize>,
-    ) -> CommitEffects {
+        fx: &mut KvEffects,
+    ) -> bool {
         let b = self.block_size;
-        let mut effects = CommitEffects::default();
         if num_tokens_with_kv < (kv.num_committed + 1) * b {
-            // No block became full (most decode steps).
-            effects.committed_until = kv.num_committed * b;
-            return effects;
+            return false;
         }
         let full = (num_tokens_with_kv / b).min(kv.blocks.len());
         if self.caching {
             self.ensure_hashes(kv, tokens, full);
         }
         for i in kv.num_committed..full {
-            let hash = if self.caching {
-                Some(kv.hashes[i])
-            } else {
-                None
-            };
-            effects.filled += 1;
-            if self.pool.fill_and_cache(kv.blocks[i], hash) == Some(CacheOutcome::Created) {
-                let lo = (i * b).max(creation_range.start);
-                let hi = ((i + 1) * b).min(creation_range.end);
-                effects.creation_tokens += hi.saturating_sub(lo) as u64;
+            fx.filled += 1;
+            if self.caching
+                && self.pool.cache_full_block(kv.blocks[i], kv.hashes[i]) == CacheOutcome::Created
+            {
+                fx.created.push(i as u32);
             }
         }
         kv.num_committed = kv.num_committed.max(full);
-        effects.committed_until = kv.num_committed * b;
-        effects
+        fx.committed_until = kv.num_committed * b;
+        true
     }
 
     /// Release the request's blocks (finish, abort or preemption). Hashes of its tokens are
@@ -221,7 +250,7 @@ mod tests {
     use super::*;
 
     fn mgr(blocks: usize) -> KvCacheManager {
-        KvCacheManager::new(blocks, 4, true, HashSeed::new(&[0; 32], 4, "t"), true)
+        KvCacheManager::new(blocks, 4, true, HashSeed::new(&[0; 32], 4, "t"))
     }
 
     #[test]
@@ -229,9 +258,11 @@ mod tests {
         let mut m = mgr(8);
         let toks: Vec<u32> = (0..8).collect();
         let mut a = ReqKv::default();
-        m.allocate_slots(&mut a, &[], 0, 8).unwrap();
-        let c = m.commit(&mut a, &toks, 8, 0..8);
-        assert_eq!((c.filled, c.creation_tokens), (2, 8));
+        let mut fx = KvEffects::default();
+        m.allocate_slots(&mut a, &[], 0, 8, &mut fx).unwrap();
+        assert!(m.commit(&mut a, &toks, 8, &mut fx));
+        assert_eq!((fx.allocated, fx.filled, fx.created.clone()), (2, 2, vec![0, 1]));
+        assert_eq!(fx.committed_until, 8);
         m.free(&mut a);
         // Same 8 tokens: cap floor(7/4) = 1 block.
         let mut b = ReqKv::default();
@@ -243,11 +274,26 @@ mod tests {
     }
 
     #[test]
+    fn refill_of_a_cached_hash_is_filled_but_not_created() {
+        let mut m = mgr(4);
+        let toks: Vec<u32> = (0..4).collect();
+        let (mut a, mut b) = (ReqKv::default(), ReqKv::default());
+        let mut fx = KvEffects::default();
+        m.allocate_slots(&mut a, &[], 0, 4, &mut fx).unwrap();
+        m.allocate_slots(&mut b, &[], 0, 4, &mut fx).unwrap();
+        m.commit(&mut a, &toks, 4, &mut fx);
+        m.commit(&mut b, &toks, 4, &mut fx);
+        assert_eq!((fx.allocated, fx.filled, fx.created.clone()), (2, 2, vec![0]));
+    }
+
+    #[test]
     fn allocation_failure_changes_nothing() {
         let mut m = mgr(2);
         let mut a = ReqKv::default();
-        assert!(m.allocate_slots(&mut a, &[], 0, 9).is_err());
+        let mut fx = KvEffects::default();
+        assert!(m.allocate_slots(&mut a, &[], 0, 9, &mut fx).is_err());
         assert!(a.blocks.is_empty());
+        assert!(fx.is_empty());
         assert_eq!(m.pool().num_free(), 2);
     }
 }

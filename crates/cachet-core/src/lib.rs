@@ -5,13 +5,19 @@
 //!
 //! * [`block_pool::BlockPool`]: fixed KV blocks, ref counts, the O(1) LRU free queue and the
 //!   hash → block map of the prefix cache;
-//! * [`kv_manager::KvCacheManager`]: block tables, the capped longest-prefix lookup, slot
-//!   allocation and exact cache-creation attribution;
-//! * [`scheduler::Scheduler`]: continuous batching, chunked prefill, preemption by recompute and
-//!   the per-request [`stats::PrefillStats`];
-//! * [`stats`]: monotonic totals and the one place where they become per-interval deltas.
+//! * [`kv_manager::KvCacheManager`]: block tables, the capped longest-prefix lookup and slot
+//!   allocation, each reporting its effects ([`kv_manager::KvEffects`]);
+//! * [`scheduler::Scheduler`]: admission, continuous batching, chunked prefill, preemption by
+//!   recompute and external loads — decisions only;
+//! * [`sessions::SessionTable`]: parked block tables of resumable sessions;
+//! * [`recorder::Recorder`]: every accounting number, from the effects the scheduler reports
+//!   through [`observe::Observer`] (which gives nothing back to a decision);
+//! * [`stats`]: the accounting types, the one counter table and the one place where totals
+//!   become per-interval deltas;
+//! * [`request`]: requests as the engine trusts them (validated once, against
+//!   [`request::RequestLimits`]).
 //!
-//! The model sits behind [`exec::Executor`]; external KV tiers behind [`connector::KvConnector`].
+//! The model sits behind [`exec::Executor`]; external KV tiers behind [`connector::KvLookup`].
 
 pub mod block_pool;
 pub mod connector;
@@ -19,17 +25,23 @@ pub mod events;
 pub mod exec;
 pub mod hash;
 pub mod kv_manager;
+pub mod observe;
+pub mod recorder;
 pub mod request;
 pub mod scheduler;
+pub mod sessions;
 pub mod stats;
 
 pub use block_pool::BlockPool;
-pub use exec::{ExecBatch, ExecError, Executor, Sampled, SeqChunk};
+pub use exec::{BlockLoad, ExecBatch, ExecError, Executor, Sampled, SeqChunk};
 pub use hash::{BlockHash, HashSeed};
 pub use kv_manager::KvCacheManager;
-pub use request::{FinishReason, NewRequest, SamplingParams};
+pub use observe::{Effect, Observer};
+pub use recorder::{Recorder, Report};
+pub use request::{FinishReason, RequestDraft, RequestLimits, SamplingParams, ValidRequest};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulingPolicy};
-pub use stats::{FinishedRequestStats, PrefillStats};
+pub use sessions::{SessionInfo, SessionStatus};
+pub use stats::{FinishedRequestStats, PrefillStats, RequestTimes};
 
 /// A token id of the model's vocabulary.
 pub type TokenId = u32;

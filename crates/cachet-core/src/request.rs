@@ -1,6 +1,9 @@
 //! Requests as the core sees them: token ids, sampling parameters and cache options.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+use thiserror::Error;
 
 use crate::TokenId;
 
@@ -63,12 +66,17 @@ impl SamplingParams {
     }
 }
 
-/// A request handed to [`crate::Scheduler::add_request`].
+/// A request as the server builds it, before it is checked against the engine's limits.
 #[derive(Clone, Debug, PartialEq)]
-pub struct NewRequest {
-    /// The caller's id: used in stats and logs.
-    pub request_id: String,
+pub struct RequestDraft {
+    /// A label for logs, stats and responses (the client's `X-Request-Id`, or a generated
+    /// id). Not unique and never used to address the request: the engine names requests by
+    /// the handles it assigns.
+    pub label: Arc<str>,
     pub prompt: Vec<TokenId>,
+    /// Most tokens to generate; `None` fills the context (`max_model_len - prompt`).
+    pub max_tokens: Option<u32>,
+    /// Everything else about sampling (`sampling.max_tokens` is set by validation).
     pub sampling: SamplingParams,
     /// Tenant isolation: blocks hashed under another salt are never shared.
     pub cache_salt: Option<String>,
@@ -79,30 +87,146 @@ pub struct NewRequest {
     /// Do not read the prefix cache (e.g. prompt logprobs are requested); full blocks are still
     /// written.
     pub skip_prefix_cache_read: bool,
-    /// Arrival time in seconds on the engine's clock.
-    pub arrival_time: f64,
     /// Resumable session (spec §5): keep this request's KV when it finishes, and continue a
     /// parked session of this id when `prompt` extends its retained tokens.
-    pub session_id: Option<String>,
+    pub session_id: Option<Arc<str>>,
 }
 
-impl NewRequest {
-    pub fn new(
-        request_id: impl Into<String>,
-        prompt: Vec<TokenId>,
-        sampling: SamplingParams,
-    ) -> Self {
-        NewRequest {
-            request_id: request_id.into(),
+impl RequestDraft {
+    /// A draft with `sampling.max_tokens` as the limit and every option at its default.
+    pub fn new(label: impl Into<Arc<str>>, prompt: Vec<TokenId>, sampling: SamplingParams) -> Self {
+        RequestDraft {
+            label: label.into(),
             prompt,
+            max_tokens: Some(sampling.max_tokens),
             sampling,
             cache_salt: None,
             adapter: None,
             priority: 0,
             skip_prefix_cache_read: false,
-            arrival_time: 0.0,
             session_id: None,
         }
+    }
+}
+
+/// The static limits a request must fit: the model's context and the pool's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Prompt + generated tokens of one request.
+    pub max_model_len: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+}
+
+/// Longest accepted session id.
+pub const MAX_SESSION_ID_LEN: usize = 128;
+
+/// Why a draft is not a request the engine can run. Every variant is the client's fault (400).
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum InvalidRequest {
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error("this model's maximum context length is {max_model_len} tokens; the prompt has {prompt_tokens}, which leaves no room for a completion")]
+    PromptTooLong {
+        prompt_tokens: usize,
+        max_model_len: usize,
+    },
+    #[error("this model's maximum context length is {max_model_len} tokens; {prompt_tokens} prompt tokens and {max_tokens} requested for the completion exceed it")]
+    TooManyTokens {
+        prompt_tokens: usize,
+        max_tokens: u32,
+        max_model_len: usize,
+    },
+    #[error("max_tokens must be at least 1")]
+    ZeroMaxTokens,
+    #[error("min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})")]
+    MinTokensAboveMax { min_tokens: u32, max_tokens: u32 },
+    #[error("the request needs {needed} KV blocks but the pool has only {available}")]
+    CannotFit { needed: usize, available: usize },
+    #[error("a session id must be 1 to {MAX_SESSION_ID_LEN} characters from [A-Za-z0-9._:-]")]
+    BadSessionId,
+}
+
+/// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] characters from
+/// `[A-Za-z0-9._:-]` (so ids are safe as store keys, log fields and URL path segments).
+pub fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_SESSION_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+impl RequestLimits {
+    /// Check a draft against the limits, once: the engine trusts the result.
+    pub fn validate(&self, mut d: RequestDraft) -> Result<ValidRequest, InvalidRequest> {
+        let n = d.prompt.len();
+        if n == 0 {
+            return Err(InvalidRequest::EmptyPrompt);
+        }
+        if n >= self.max_model_len {
+            return Err(InvalidRequest::PromptTooLong {
+                prompt_tokens: n,
+                max_model_len: self.max_model_len,
+            });
+        }
+        let room = self.max_model_len - n;
+        let max_tokens = match d.max_tokens {
+            Some(0) => return Err(InvalidRequest::ZeroMaxTokens),
+            Some(m) if m as usize > room => {
+                return Err(InvalidRequest::TooManyTokens {
+                    prompt_tokens: n,
+                    max_tokens: m,
+                    max_model_len: self.max_model_len,
+                })
+            }
+            Some(m) => m,
+            None => u32::try_from(room).unwrap_or(u32::MAX),
+        };
+        if d.sampling.min_tokens > max_tokens {
+            return Err(InvalidRequest::MinTokensAboveMax {
+                min_tokens: d.sampling.min_tokens,
+                max_tokens,
+            });
+        }
+        let needed = (n + max_tokens as usize).div_ceil(self.block_size.max(1));
+        if needed > self.num_blocks {
+            return Err(InvalidRequest::CannotFit {
+                needed,
+                available: self.num_blocks,
+            });
+        }
+        if let Some(s) = &d.session_id {
+            if !valid_session_id(s) {
+                return Err(InvalidRequest::BadSessionId);
+            }
+        }
+        d.sampling.max_tokens = max_tokens;
+        d.max_tokens = Some(max_tokens);
+        Ok(ValidRequest(d))
+    }
+}
+
+/// A request that passed [`RequestLimits::validate`]: non-empty, fits the context and the pool,
+/// with a resolved `max_tokens`. Only validation makes one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValidRequest(RequestDraft);
+
+impl ValidRequest {
+    pub fn draft(&self) -> &RequestDraft {
+        &self.0
+    }
+
+    pub fn label(&self) -> &Arc<str> {
+        &self.0.label
+    }
+
+    pub fn session_id(&self) -> Option<&Arc<str>> {
+        self.0.session_id.as_ref()
+    }
+
+    pub(crate) fn into_draft(self) -> RequestDraft {
+        self.0
     }
 }
 
@@ -116,6 +240,8 @@ pub enum FinishReason {
     Length,
     /// Aborted by the client or the server.
     Abort,
+    /// The engine failed (a model error, or the engine died) while the request was live.
+    Error,
 }
 
 impl FinishReason {
@@ -124,6 +250,96 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
+    }
+
+    /// Every reason, in the order metrics list them.
+    pub const ALL: [FinishReason; 4] = [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Abort,
+        FinishReason::Error,
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> RequestLimits {
+        RequestLimits {
+            max_model_len: 100,
+            block_size: 16,
+            num_blocks: 8,
+        }
+    }
+
+    fn draft(n: usize, max_tokens: Option<u32>) -> RequestDraft {
+        let mut d = RequestDraft::new("r", vec![1; n], SamplingParams::default());
+        d.max_tokens = max_tokens;
+        d
+    }
+
+    #[test]
+    fn validation_resolves_max_tokens_and_checks_every_limit() {
+        let l = limits();
+        // None fills the context: 100 - 10.
+        let v = l.validate(draft(10, None)).unwrap();
+        assert_eq!(v.draft().sampling.max_tokens, 90);
+        assert_eq!(l.validate(draft(0, None)), Err(InvalidRequest::EmptyPrompt));
+        assert_eq!(
+            l.validate(draft(100, None)),
+            Err(InvalidRequest::PromptTooLong {
+                prompt_tokens: 100,
+                max_model_len: 100
+            })
+        );
+        assert_eq!(
+            l.validate(draft(10, Some(91))),
+            Err(InvalidRequest::TooManyTokens {
+                prompt_tokens: 10,
+                max_tokens: 91,
+                max_model_len: 100
+            })
+        );
+        assert_eq!(
+            l.validate(draft(10, Some(0))),
+            Err(InvalidRequest::ZeroMaxTokens)
+        );
+        // 10 + 90 tokens = 7 blocks of 16: fits 8; with 6 blocks it cannot.
+        let small = RequestLimits {
+            num_blocks: 6,
+            ..l
+        };
+        assert_eq!(
+            small.validate(draft(10, None)),
+            Err(InvalidRequest::CannotFit {
+                needed: 7,
+                available: 6
+            })
+        );
+        let mut d = draft(10, Some(5));
+        d.sampling.min_tokens = 6;
+        assert_eq!(
+            l.validate(d),
+            Err(InvalidRequest::MinTokensAboveMax {
+                min_tokens: 6,
+                max_tokens: 5
+            })
+        );
+    }
+
+    #[test]
+    fn session_ids_are_restricted() {
+        for ok in ["a", "chat-1", "u:42.turns_x", &"x".repeat(128)] {
+            assert!(valid_session_id(ok), "{ok}");
+        }
+        for bad in ["", "../../etc/passwd", "a/b", "a\0b", "a\r\nb", "é", &"x".repeat(129)] {
+            assert!(!valid_session_id(bad), "{bad:?}");
+        }
+        let mut d = draft(4, Some(1));
+        d.session_id = Some(Arc::from("a/../../b"));
+        assert_eq!(limits().validate(d), Err(InvalidRequest::BadSessionId));
     }
 }

@@ -1,6 +1,13 @@
-//! Accounting types: per-request [`PrefillStats`] (spec §3), [`FinishedRequestStats`], the
-//! core's monotonic [`CounterTotals`] and the one place where totals become per-interval
-//! [`CounterDeltas`] ([`DeltaTracker`], spec §6).
+//! Accounting types: per-request [`PrefillStats`] (spec §3), request timestamps
+//! ([`RequestTimes`]), [`FinishedRequestStats`], and the one table of aggregate counters
+//! ([`COUNTERS`]) from which the core's monotonic [`CounterTotals`], the per-interval
+//! [`CounterDeltas`] (made only by [`DeltaTracker`], spec §6), the Prometheus registration and the
+//! README's metric table all follow.
+//!
+//! Every value here is produced by the recorder ([`crate::recorder::Recorder`]); no decision of
+//! the scheduler reads any of it.
+
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -8,10 +15,13 @@ use crate::request::FinishReason;
 
 /// Where one request's prompt KV came from and what its prefill cost the cache (spec §3).
 ///
-/// Logical fields (`prompt_tokens` … `cache_creation_tokens`) are fixed at first admission;
-/// physical fields (`prefill_chunks` … `preemptions`) count the actual work until the first
-/// output token, re-prefill after preemption included.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// Logical fields (`prompt_tokens` … `cache_creation_tokens`) are fixed at first admission
+/// (external ones when the request's loads resolve); physical fields (`prefill_chunks` …
+/// `preemptions`) count the actual work until the first output token, re-prefill after
+/// preemption included. The spec's two time fields (`queue_time_ms`, `prefill_time_ms`) are
+/// derived from the request's [`RequestTimes`], their one home, and sit beside these fields in
+/// the per-request JSON.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PrefillStats {
     pub prompt_tokens: u64,
     pub local_cached_tokens: u64,
@@ -24,8 +34,6 @@ pub struct PrefillStats {
     pub blocks_filled: u64,
     pub blocks_evicted: u64,
     pub preemptions: u64,
-    pub prefill_time_ms: f64,
-    pub queue_time_ms: f64,
 }
 
 impl PrefillStats {
@@ -42,8 +50,6 @@ impl PrefillStats {
         self.blocks_filled += o.blocks_filled;
         self.blocks_evicted += o.blocks_evicted;
         self.preemptions += o.preemptions;
-        self.prefill_time_ms += o.prefill_time_ms;
-        self.queue_time_ms += o.queue_time_ms;
     }
 
     /// Spec §3 invariants; `Err` names the first violation.
@@ -57,48 +63,130 @@ impl PrefillStats {
         if self.cache_creation_tokens > self.computed_tokens {
             return Err(format!("cache_creation > computed: {self:?}"));
         }
-        if !(self.prefill_time_ms >= 0.0 && self.queue_time_ms >= 0.0) {
-            return Err(format!("negative time: {self:?}"));
-        }
         Ok(())
     }
 }
 
-/// Delivered to every stat logger for each finished or aborted request.
+/// A request's timestamps on the engine's clock (seconds): the one representation every
+/// latency (queue, prefill, TTFT, decode, inference, end to end) is derived from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestTimes {
+    pub arrival: f64,
+    /// First scheduling (first admission).
+    pub first_scheduled: Option<f64>,
+    pub first_token: Option<f64>,
+    /// When the request finished (or was aborted); `None` while it lives.
+    pub finished: Option<f64>,
+}
+
+impl RequestTimes {
+    fn end(&self) -> f64 {
+        self.finished.unwrap_or(self.arrival)
+    }
+
+    /// Arrival → first scheduling (→ finish when never scheduled).
+    pub fn queue_s(&self) -> f64 {
+        (self.first_scheduled.unwrap_or_else(|| self.end()) - self.arrival).max(0.0)
+    }
+
+    /// First scheduling → first token (→ finish when none came), preemptions included.
+    pub fn prefill_s(&self) -> f64 {
+        match self.first_scheduled {
+            Some(s) => (self.first_token.unwrap_or_else(|| self.end()) - s).max(0.0),
+            None => 0.0,
+        }
+    }
+
+    /// Arrival → first token.
+    pub fn ttft_s(&self) -> Option<f64> {
+        self.first_token.map(|t| (t - self.arrival).max(0.0))
+    }
+
+    /// First token → finish.
+    pub fn decode_s(&self) -> f64 {
+        self.first_token.map_or(0.0, |t| (self.end() - t).max(0.0))
+    }
+
+    /// First scheduling → finish.
+    pub fn inference_s(&self) -> f64 {
+        self.first_scheduled
+            .map_or(0.0, |t| (self.end() - t).max(0.0))
+    }
+
+    /// Arrival → finish.
+    pub fn e2e_s(&self) -> f64 {
+        (self.end() - self.arrival).max(0.0)
+    }
+}
+
+/// Delivered to every stat logger (and on the request's final output) for each finished or
+/// aborted request.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FinishedRequestStats {
-    pub request_id: String,
+    /// The engine's handle of the request (unique for the engine's lifetime).
+    pub handle: u64,
+    /// The request's label (the client's `X-Request-Id` or the generated response id).
+    pub request_id: Arc<str>,
     pub finish_reason: FinishReason,
     pub prompt_tokens: u64,
     pub generation_tokens: u64,
+    /// The request's `max_tokens` (vLLM's `request_max_num_generation_tokens`).
+    pub max_tokens: u32,
     /// `None` when the request was never admitted (aborted while waiting): no lookup happened
     /// and none of its tokens was counted anywhere.
     pub prefill_stats: Option<PrefillStats>,
-    /// Arrival → first scheduling (or → finish when never scheduled).
-    pub queue_time_s: f64,
-    /// Arrival → first output token.
-    pub ttft_s: Option<f64>,
-    /// Arrival → finish.
-    pub e2e_s: f64,
-    /// First scheduling → first token.
-    pub prefill_time_s: f64,
-    /// First token → finish.
-    pub decode_time_s: f64,
-    /// First scheduling → finish.
-    pub inference_time_s: f64,
+    pub times: RequestTimes,
     /// Every preemption of the request, before and after its first token.
     pub num_preemptions: u64,
 }
 
+impl FinishedRequestStats {
+    /// Mean time per output token after the first (vLLM's `request_time_per_output_token`):
+    /// decode time over `generation_tokens - 1`; `None` with fewer than two tokens.
+    pub fn time_per_output_token_s(&self) -> Option<f64> {
+        (self.generation_tokens > 1)
+            .then(|| self.times.decode_s() / (self.generation_tokens - 1) as f64)
+    }
+}
+
+/// One aggregate counter: its field in [`CounterTotals`] / [`CounterDeltas`] and how it is
+/// exported. Several fields may share one metric name with different label values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CounterSpec {
+    /// Field name in [`CounterTotals`].
+    pub field: &'static str,
+    /// Exported metric name, without the `_total` suffix the encoder appends.
+    pub metric: &'static str,
+    /// The one label that tells this field apart from the others of the same metric.
+    pub label: Option<(&'static str, &'static str)>,
+    /// Prometheus help text (shared by every field of one metric: the first one's is used).
+    pub help: &'static str,
+    /// One line for the README's metric table.
+    pub meaning: &'static str,
+}
+
 macro_rules! counters {
-    ($(#[$m:meta])* $($field:ident),* $(,)?) => {
-        /// Monotonic totals kept by the core. Never exported directly: see [`DeltaTracker`].
+    ($(
+        $field:ident => $metric:literal $([$lk:literal = $lv:literal])?,
+            help $help:literal, meaning $meaning:literal;
+    )*) => {
+        /// Monotonic totals kept by the recorder. Never exported directly: see [`DeltaTracker`].
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
         pub struct CounterTotals { $(pub $field: u64,)* }
 
         /// Per-interval increments of [`CounterTotals`]. Only [`DeltaTracker`] makes them.
         #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
         pub struct CounterDeltas { $(pub $field: u64,)* }
+
+        /// Every aggregate counter, in declaration order (the order of
+        /// [`CounterDeltas::values`]).
+        pub const COUNTERS: &[CounterSpec] = &[$(CounterSpec {
+            field: stringify!($field),
+            metric: $metric,
+            label: counters!(@label $($lk, $lv)?),
+            help: $help,
+            meaning: $meaning,
+        },)*];
 
         impl CounterDeltas {
             pub fn is_zero(&self) -> bool {
@@ -108,9 +196,9 @@ macro_rules! counters {
             pub fn accumulate(&mut self, other: &CounterDeltas) {
                 $(self.$field += other.$field;)*
             }
-            /// `(name, value)` pairs, for reporting.
-            pub fn fields(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($field), self.$field),)*]
+            /// Values in [`COUNTERS`] order.
+            pub fn values(&self) -> Vec<u64> {
+                vec![$(self.$field,)*]
             }
         }
 
@@ -121,32 +209,69 @@ macro_rules! counters {
                     self.$field.saturating_sub(prev.$field)
                 },)* }
             }
-            pub fn fields(&self) -> Vec<(&'static str, u64)> {
-                vec![$((stringify!($field), self.$field),)*]
+            /// Values in [`COUNTERS`] order.
+            pub fn values(&self) -> Vec<u64> {
+                vec![$(self.$field,)*]
             }
         }
     };
+    (@label $lk:literal, $lv:literal) => { Some(($lk, $lv)) };
+    (@label) => { None };
 }
 
-counters!(
-    prefix_cache_queries,
-    prefix_cache_hits,
-    preempted_prefix_cache_queries,
-    preempted_prefix_cache_hits,
-    external_prefix_cache_queries,
-    external_prefix_cache_hits,
-    num_preemptions,
-    prompt_tokens,
-    prompt_tokens_local_compute,
-    prompt_tokens_local_cache_hit,
-    prompt_tokens_external_kv_transfer,
-    prompt_tokens_cached,
-    generation_tokens,
-    cache_creation_tokens,
-    blocks_allocated,
-    blocks_filled,
-    blocks_evicted,
-);
+counters! {
+    prefix_cache_queries => "vllm:prefix_cache_queries",
+        help "Prefix cache queries, in terms of number of queried tokens",
+        meaning "prompt tokens of first-admission lookups (token-granular)";
+    prefix_cache_hits => "vllm:prefix_cache_hits",
+        help "Prefix cache hits, in terms of number of cached tokens",
+        meaning "of those, tokens found in the local cache (≤ queries)";
+    external_prefix_cache_queries => "vllm:external_prefix_cache_queries",
+        help "External prefix cache queries from the KV connector, in terms of number of queried tokens",
+        meaning "tokens asked of the external KV tier (`N - local_hit` per lookup that consulted it)";
+    external_prefix_cache_hits => "vllm:external_prefix_cache_hits",
+        help "External prefix cache hits from the KV connector, in terms of number of cached tokens",
+        meaning "tokens the external tier supplied and that loaded successfully";
+    preempted_prefix_cache_queries => "cachet:preempted_prefix_cache_queries",
+        help "Prefix cache queries on re-admission after a preemption, in tokens",
+        meaning "lookup tokens on re-admission after preemption (kept out of the hit rate)";
+    preempted_prefix_cache_hits => "cachet:preempted_prefix_cache_hits",
+        help "Prefix cache hits on re-admission after a preemption, in tokens",
+        meaning "of those, tokens found";
+    num_preemptions => "vllm:num_preemptions",
+        help "Cumulative number of preemption from the engine",
+        meaning "preemptions (recompute)";
+    prompt_tokens => "vllm:prompt_tokens",
+        help "Number of prefill tokens processed",
+        meaning "prompt tokens of admitted requests";
+    prompt_tokens_local_compute => "vllm:prompt_tokens_by_source" ["source" = "local_compute"],
+        help "Number of prompt tokens by source",
+        meaning "prompt tokens computed here";
+    prompt_tokens_local_cache_hit => "vllm:prompt_tokens_by_source" ["source" = "local_cache_hit"],
+        help "Number of prompt tokens by source",
+        meaning "prompt tokens found in the local prefix cache";
+    prompt_tokens_external_kv_transfer => "vllm:prompt_tokens_by_source" ["source" = "external_kv_transfer"],
+        help "Number of prompt tokens by source",
+        meaning "prompt tokens loaded from the external KV tier";
+    prompt_tokens_cached => "vllm:prompt_tokens_cached",
+        help "Number of cached prompt tokens (local + external)",
+        meaning "local + external cached prompt tokens";
+    generation_tokens => "vllm:generation_tokens",
+        help "Number of generation tokens processed",
+        meaning "generated tokens";
+    cache_creation_tokens => "cachet:cache_creation_tokens",
+        help "Computed prompt tokens written into blocks that became new prefix-cache entries",
+        meaning "computed prompt tokens written into new cache entries (exact)";
+    blocks_allocated => "cachet:kv_blocks_allocated",
+        help "KV blocks taken from the free pool",
+        meaning "blocks taken from the free pool";
+    blocks_filled => "cachet:kv_blocks_filled",
+        help "KV blocks that became full with computed or loaded KV",
+        meaning "blocks that became full with computed or loaded KV";
+    blocks_evicted => "cachet:kv_blocks_evicted",
+        help "Cached KV blocks whose prefix-cache entry was evicted",
+        meaning "cached blocks whose entry was dropped to satisfy an allocation";
+}
 
 /// The single place where monotonic totals become per-interval deltas.
 #[derive(Clone, Debug, Default)]
@@ -163,11 +288,15 @@ impl DeltaTracker {
     }
 }
 
-/// Instantaneous state, sampled after each step.
+/// Instantaneous state of the scheduler and the pool (not accounting: read off the state when
+/// asked, so it is true whenever it is read).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Gauges {
     pub num_requests_running: u64,
+    /// Every request not running: waiting for admission or for its KV loads.
     pub num_requests_waiting: u64,
+    /// Of the waiting ones, those whose external KV loads are in flight.
+    pub num_requests_waiting_for_kv: u64,
     /// Fraction of blocks held by live requests (vLLM's meaning).
     pub kv_cache_usage_perc: f64,
     /// Free blocks that still hold a cache entry.
@@ -200,6 +329,62 @@ mod tests {
         let d3 = t.advance(&totals);
         assert_eq!(d3.prefix_cache_queries, 7);
         assert_eq!(d3.prefix_cache_hits, 0);
+    }
+
+    #[test]
+    fn counter_table_lists_every_field_once_in_order() {
+        let d = CounterDeltas {
+            prefix_cache_queries: 1,
+            blocks_evicted: 2,
+            ..Default::default()
+        };
+        let v = d.values();
+        assert_eq!(v.len(), COUNTERS.len());
+        assert_eq!(COUNTERS[0].field, "prefix_cache_queries");
+        assert_eq!(v[0], 1);
+        let last = COUNTERS.len() - 1;
+        assert_eq!(COUNTERS[last].field, "blocks_evicted");
+        assert_eq!(v[last], 2);
+        let mut fields: Vec<&str> = COUNTERS.iter().map(|c| c.field).collect();
+        fields.sort_unstable();
+        fields.dedup();
+        assert_eq!(fields.len(), COUNTERS.len());
+        let by_source: Vec<_> = COUNTERS
+            .iter()
+            .filter(|c| c.metric == "vllm:prompt_tokens_by_source")
+            .filter_map(|c| c.label)
+            .collect();
+        assert_eq!(
+            by_source,
+            vec![
+                ("source", "local_compute"),
+                ("source", "local_cache_hit"),
+                ("source", "external_kv_transfer")
+            ]
+        );
+    }
+
+    #[test]
+    fn times_derive_every_latency() {
+        let t = RequestTimes {
+            arrival: 1.0,
+            first_scheduled: Some(1.5),
+            first_token: Some(3.0),
+            finished: Some(7.0),
+        };
+        assert_eq!(t.queue_s(), 0.5);
+        assert_eq!(t.prefill_s(), 1.5);
+        assert_eq!(t.ttft_s(), Some(2.0));
+        assert_eq!(t.decode_s(), 4.0);
+        assert_eq!(t.inference_s(), 5.5);
+        assert_eq!(t.e2e_s(), 6.0);
+        // Aborted while waiting: all queue.
+        let w = RequestTimes {
+            arrival: 1.0,
+            finished: Some(4.0),
+            ..Default::default()
+        };
+        assert_eq!((w.queue_s(), w.prefill_s(), w.ttft_s()), (3.0, 0.0, None));
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! Property test of the block pool against a plain reference model: random allocations,
 //! frees, fills and cache hits by a few owners, on a small pool. After every operation the
-//! pool's free-queue order, reference counts, cache map and observer counters must equal the
-//! model's, and `check_invariants` must pass.
+//! pool's free-queue order, reference counts and cache map must equal the model's, every
+//! reported eviction must be exactly the model's, and `check_invariants` must pass.
 
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 
-use cachet_core::block_pool::{BlockPool, CacheOutcome, PoolCounters};
+use cachet_core::block_pool::{BlockPool, CacheOutcome, Evicted};
 use cachet_core::BlockHash;
 use proptest::prelude::*;
 
@@ -45,7 +45,6 @@ struct Model {
     queue: VecDeque<u32>,
     entry: Vec<Option<BlockHash>>,
     cached: HashMap<[u8; 32], u32>,
-    counters: PoolCounters,
 }
 
 impl Model {
@@ -64,33 +63,32 @@ proptest! {
 
     #[test]
     fn pool_matches_reference_model(n in 1u32..12, ops in prop::collection::vec(op(), 1..80)) {
-        let mut pool = BlockPool::new(n as usize, true);
+        let mut pool = BlockPool::new(n as usize);
         let mut m = Model::new(n);
         let mut tables: Vec<Vec<u32>> = vec![Vec::new(); OWNERS];
         for op in ops {
             match op {
                 Op::Alloc { owner, n: k } => {
                     let before = tables[owner].len();
-                    let res = pool.allocate(k, &mut tables[owner]);
+                    let mut got = Vec::new();
+                    let res = pool.allocate(k, &mut tables[owner], &mut got);
                     if k > m.queue.len() {
                         prop_assert!(res.is_err());
                         prop_assert_eq!(tables[owner].len(), before);
                         continue;
                     }
-                    let mut evicted = 0;
+                    let mut evicted = Vec::new();
                     for i in 0..k {
                         let b = m.queue.pop_front().unwrap();
                         prop_assert_eq!(tables[owner][before + i], b, "allocation order");
                         m.ref_cnt[b as usize] = 1;
                         if let Some(h) = m.entry[b as usize].take() {
                             m.cached.remove(&h.0);
-                            evicted += 1;
+                            evicted.push(Evicted { block: b, hash: h });
                         }
                     }
-                    let eff = res.unwrap();
-                    prop_assert_eq!((eff.allocated, eff.evicted), (k as u64, evicted));
-                    m.counters.blocks_allocated += k as u64;
-                    m.counters.blocks_evicted += evicted;
+                    prop_assert!(res.is_ok());
+                    prop_assert_eq!(got, evicted);
                 }
                 Op::Free { owner } => {
                     pool.free(&tables[owner]);
@@ -122,8 +120,7 @@ proptest! {
                             CacheOutcome::Created
                         }
                     };
-                    prop_assert_eq!(pool.fill_and_cache(b, Some(h)), Some(expect));
-                    m.counters.blocks_filled += 1;
+                    prop_assert_eq!(pool.cache_full_block(b, h), expect);
                 }
                 Op::Hit { owner, key } => {
                     let h = hash(key);
@@ -150,7 +147,6 @@ proptest! {
             }
             pool.check_invariants().map_err(TestCaseError::fail)?;
             prop_assert_eq!(pool.free_queue(), m.queue.iter().copied().collect::<Vec<_>>());
-            prop_assert_eq!(pool.counters(), m.counters);
             prop_assert_eq!(pool.num_cached(), m.cached.len());
             let cached_free = (0..n as usize)
                 .filter(|&b| m.ref_cnt[b] == 0 && m.entry[b].is_some())

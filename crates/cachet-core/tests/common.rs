@@ -1,9 +1,16 @@
-//! Shared test driver: a scheduler run with a trivial executor (every sampled token is 7).
+//! Shared test driver: a scheduler with a recorder, run with a trivial executor (every sampled
+//! token is 7), requests named by test ids.
 #![allow(dead_code)]
 
-use cachet_core::scheduler::{RequestUpdate, SchedulerOutput};
-use cachet_core::stats::{FinishedRequestStats, PrefillStats};
-use cachet_core::{HashSeed, NewRequest, Sampled, SamplingParams, Scheduler, SchedulerConfig};
+use std::collections::HashMap;
+
+use cachet_core::connector::KvLookup;
+use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
+use cachet_core::stats::{CounterTotals, FinishedRequestStats, PrefillStats};
+use cachet_core::{
+    FinishReason, HashSeed, Recorder, RequestDraft, Sampled, SamplingParams, Scheduler,
+    SchedulerConfig,
+};
 
 pub fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     SchedulerConfig {
@@ -13,13 +20,8 @@ pub fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
     }
 }
 
-pub fn sched(cfg: SchedulerConfig) -> Scheduler {
-    let seed = HashSeed::new(&[9; 32], cfg.block_size, "test");
-    Scheduler::new(cfg, seed)
-}
-
-pub fn req(id: &str, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
-    NewRequest::new(
+pub fn req(id: &str, prompt: Vec<u32>, max_tokens: u32) -> RequestDraft {
+    RequestDraft::new(
         id,
         prompt,
         SamplingParams {
@@ -29,40 +31,128 @@ pub fn req(id: &str, prompt: Vec<u32>, max_tokens: u32) -> NewRequest {
     )
 }
 
-/// One step: schedule, "execute" (token 7 for every sampled chunk), update.
-pub fn step(s: &mut Scheduler, now: f64) -> (SchedulerOutput, Vec<RequestUpdate>) {
-    let out = s.schedule(now);
-    let results: Vec<Option<Sampled>> = out
-        .chunks
-        .iter()
-        .map(|c| c.sample.then(|| Sampled::token(7)))
-        .collect();
-    let ups = s.update(&out, results, now);
-    (out, ups)
+/// Why `Core::add` refused a draft.
+#[derive(Debug, PartialEq)]
+pub enum Refused {
+    Invalid(cachet_core::request::InvalidRequest),
+    Add(AddError),
 }
 
-/// Run until nothing is left; returns every finished request's stats.
-pub fn run(s: &mut Scheduler) -> Vec<FinishedRequestStats> {
-    let mut fin = Vec::new();
-    let mut t = 0.0;
-    while s.has_unfinished() {
-        t += 1.0;
-        step(s, t);
-        s.check_invariants().unwrap();
-        fin.extend(s.take_finished());
-        assert!(t < 10_000.0, "no progress");
+pub struct Core {
+    pub s: Scheduler<Recorder>,
+    slots: HashMap<String, u32>,
+    ids: HashMap<u32, String>,
+    next_handle: u64,
+    pub now: f64,
+}
+
+impl Core {
+    pub fn new(cfg: SchedulerConfig) -> Self {
+        let seed = HashSeed::new(&[9; 32], cfg.block_size, "test");
+        let rec = Recorder::new(cfg.block_size);
+        Core {
+            s: Scheduler::new(cfg, seed, rec),
+            slots: HashMap::new(),
+            ids: HashMap::new(),
+            next_handle: 1,
+            now: 0.0,
+        }
     }
-    fin
+
+    /// Validate against the scheduler's limits and queue it.
+    pub fn add(&mut self, d: RequestDraft) -> Result<u32, Refused> {
+        let id = d.label.to_string();
+        let v = self.s.config().limits().validate(d).map_err(Refused::Invalid)?;
+        let handle = self.next_handle;
+        self.next_handle += 1;
+        let slot = self.s.add_request(handle, self.now, v).map_err(Refused::Add)?;
+        self.slots.insert(id.clone(), slot);
+        self.ids.insert(slot, id);
+        Ok(slot)
+    }
+
+    pub fn slot_of(&self, id: &str) -> Option<u32> {
+        self.slots.get(id).copied()
+    }
+
+    pub fn id_of(&self, slot: u32) -> Option<&str> {
+        self.ids.get(&slot).map(String::as_str)
+    }
+
+    pub fn finish(&mut self, id: &str, reason: FinishReason, now: f64) -> Option<RequestUpdate> {
+        let slot = self.slots.remove(id)?;
+        self.ids.remove(&slot);
+        self.s.finish(slot, reason, now)
+    }
+
+    /// One step: schedule, "execute" (token 7 for every sampled chunk), update.
+    pub fn step(&mut self, now: f64) -> (SchedulerOutput, Vec<RequestUpdate>) {
+        self.step_with(now, None)
+    }
+
+    pub fn step_with(
+        &mut self,
+        now: f64,
+        tier: Option<&mut dyn KvLookup>,
+    ) -> (SchedulerOutput, Vec<RequestUpdate>) {
+        self.now = now;
+        let out = self.s.schedule(now, tier);
+        let results: Vec<Option<Sampled>> = out
+            .chunks
+            .iter()
+            .map(|c| c.sample.then(|| Sampled::token(7)))
+            .collect();
+        let mut ups = self.s.update(&out, results, now);
+        let reports = self.s.observer_mut().take_reports();
+        for (slot, rep) in reports {
+            if let Some(u) = ups
+                .iter_mut()
+                .find(|u| u.slot == slot && u.report.is_none())
+            {
+                u.report = Some(Box::new(rep));
+            }
+        }
+        for u in &ups {
+            if u.finish.is_some() {
+                if let Some(id) = self.ids.remove(&u.slot) {
+                    self.slots.remove(&id);
+                }
+            }
+        }
+        (out, ups)
+    }
+
+    /// Run until nothing is left; returns every finished request's stats.
+    pub fn run(&mut self) -> Vec<FinishedRequestStats> {
+        let mut fin = Vec::new();
+        let mut t = self.now;
+        while self.s.has_unfinished() {
+            t += 1.0;
+            self.step(t);
+            self.s.check_invariants().unwrap();
+            fin.extend(self.take_finished());
+            assert!(t < 10_000.0, "no progress");
+        }
+        fin
+    }
+
+    pub fn take_finished(&mut self) -> Vec<FinishedRequestStats> {
+        self.s.observer_mut().take_finished()
+    }
+
+    pub fn totals(&self) -> CounterTotals {
+        self.s.observer().totals()
+    }
 }
 
 pub fn stats_of(fin: &[FinishedRequestStats], id: &str) -> PrefillStats {
     fin.iter()
-        .find(|f| f.request_id == id)
+        .find(|f| &*f.request_id == id)
         .and_then(|f| f.prefill_stats)
         .expect("stats")
 }
 
-/// Logical + physical fields, without the two timing fields.
+/// Logical + physical fields.
 pub fn fields(p: &PrefillStats) -> [u64; 11] {
     [
         p.prompt_tokens,

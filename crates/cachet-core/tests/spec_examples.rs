@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::KvConnector;
+use cachet_core::connector::KvLookup;
 use cachet_core::hash::BlockHash;
 use cachet_core::FinishReason;
 
@@ -17,9 +17,9 @@ fn toks(start: u32, n: u32) -> Vec<u32> {
 
 #[test]
 fn example_1_cold_prompt_of_100() {
-    let mut s = sched(cfg(64, 16));
-    s.add_request(req("a", toks(1000, 100), 1)).unwrap();
-    let fin = run(&mut s);
+    let mut s = Core::new(cfg(64, 16));
+    s.add(req("a", toks(1000, 100), 1)).unwrap();
+    let fin = s.run();
     // 100 tokens: 6 full blocks + 4 tokens; 7 blocks allocated; 96 tokens land in new entries.
     assert_eq!(
         fields(&stats_of(&fin, "a")),
@@ -32,11 +32,11 @@ fn example_1_cold_prompt_of_100() {
 
 #[test]
 fn example_2_same_prompt_again() {
-    let mut s = sched(cfg(64, 16));
-    s.add_request(req("a", toks(1000, 100), 1)).unwrap();
-    run(&mut s);
-    s.add_request(req("b", toks(1000, 100), 1)).unwrap();
-    let fin = run(&mut s);
+    let mut s = Core::new(cfg(64, 16));
+    s.add(req("a", toks(1000, 100), 1)).unwrap();
+    s.run();
+    s.add(req("b", toks(1000, 100), 1)).unwrap();
+    let fin = s.run();
     // Cap floor(99/16)*16 = 96 → 6 blocks hit; 4 tokens computed in 1 new block, not full.
     assert_eq!(
         fields(&stats_of(&fin, "b")),
@@ -55,12 +55,12 @@ fn example_2_same_prompt_again() {
 
 #[test]
 fn example_3_block_aligned_prompt_twice() {
-    let mut s = sched(cfg(64, 16));
-    s.add_request(req("a", toks(0, 96), 1)).unwrap();
-    let fin_a = run(&mut s);
+    let mut s = Core::new(cfg(64, 16));
+    s.add(req("a", toks(0, 96), 1)).unwrap();
+    let fin_a = s.run();
     assert_eq!(stats_of(&fin_a, "a").cache_creation_tokens, 96);
-    s.add_request(req("b", toks(0, 96), 1)).unwrap();
-    let fin = run(&mut s);
+    s.add(req("b", toks(0, 96), 1)).unwrap();
+    let fin = s.run();
     // Cap floor(95/16)*16 = 80; the recomputed 6th block's hash already exists → no creation.
     assert_eq!(
         fields(&stats_of(&fin, "b")),
@@ -70,14 +70,14 @@ fn example_3_block_aligned_prompt_twice() {
 
 #[test]
 fn example_4_shared_prefix_then_other_suffix() {
-    let mut s = sched(cfg(64, 16));
+    let mut s = Core::new(cfg(64, 16));
     let p = toks(0, 64);
     let a = [p.clone(), toks(500, 40)].concat();
     let b = [p, toks(900, 40)].concat();
-    s.add_request(req("a", a, 1)).unwrap();
-    run(&mut s);
-    s.add_request(req("b", b, 1)).unwrap();
-    let fin = run(&mut s);
+    s.add(req("a", a, 1)).unwrap();
+    s.run();
+    s.add(req("b", b, 1)).unwrap();
+    let fin = s.run();
     // 104 tokens: 4 blocks hit (64), blocks 4,5 new and full (32 creation), block 6 partial.
     assert_eq!(
         fields(&stats_of(&fin, "b")),
@@ -90,12 +90,12 @@ fn example_5_eviction_belongs_to_the_evicting_request() {
     // 8 blocks: A takes 7 (0..=6), leaving block 7 at the front of the queue. A frees tail-first:
     // queue = [7, 6, 5, 4, 3, 2, 1, 0], blocks 0..=5 cached. B (no common prefix) takes 7, 6 and
     // then 5, 4, 3, 2, 1: five cached blocks evicted, by B.
-    let mut s = sched(cfg(8, 16));
-    s.add_request(req("a", toks(0, 100), 1)).unwrap();
-    let fin_a = run(&mut s);
+    let mut s = Core::new(cfg(8, 16));
+    s.add(req("a", toks(0, 100), 1)).unwrap();
+    let fin_a = s.run();
     let a_before = stats_of(&fin_a, "a");
-    s.add_request(req("b", toks(5000, 100), 1)).unwrap();
-    let fin_b = run(&mut s);
+    s.add(req("b", toks(5000, 100), 1)).unwrap();
+    let fin_b = s.run();
     assert_eq!(
         fields(&stats_of(&fin_b, "b")),
         [100, 0, 0, 0, 100, 96, 1, 7, 6, 5, 0]
@@ -106,21 +106,21 @@ fn example_5_eviction_belongs_to_the_evicting_request() {
 
 #[test]
 fn cache_salt_isolates_tenants() {
-    let mut s = sched(cfg(64, 16));
+    let mut s = Core::new(cfg(64, 16));
     let mut a = req("a", toks(0, 100), 1);
     a.cache_salt = Some("tenant-a".into());
-    s.add_request(a).unwrap();
-    run(&mut s);
+    s.add(a).unwrap();
+    s.run();
     let mut b = req("b", toks(0, 100), 1);
     b.cache_salt = Some("tenant-b".into());
-    s.add_request(b).unwrap();
-    let fin = run(&mut s);
+    s.add(b).unwrap();
+    let fin = s.run();
     assert_eq!(stats_of(&fin, "b").local_cached_tokens, 0);
     // Same salt again does hit.
     let mut c = req("c", toks(0, 100), 1);
     c.cache_salt = Some("tenant-a".into());
-    s.add_request(c).unwrap();
-    let fin = run(&mut s);
+    s.add(c).unwrap();
+    let fin = s.run();
     assert_eq!(stats_of(&fin, "c").local_cached_tokens, 96);
 }
 
@@ -128,11 +128,11 @@ fn cache_salt_isolates_tenants() {
 fn caching_disabled_counts_no_queries() {
     let mut c = cfg(64, 16);
     c.enable_prefix_caching = false;
-    let mut s = sched(c);
-    s.add_request(req("a", toks(0, 100), 1)).unwrap();
-    run(&mut s);
-    s.add_request(req("b", toks(0, 100), 1)).unwrap();
-    let fin = run(&mut s);
+    let mut s = Core::new(c);
+    s.add(req("a", toks(0, 100), 1)).unwrap();
+    s.run();
+    s.add(req("b", toks(0, 100), 1)).unwrap();
+    let fin = s.run();
     assert_eq!(
         fields(&stats_of(&fin, "b")),
         [100, 0, 0, 0, 100, 0, 1, 7, 6, 0, 0]
@@ -144,15 +144,15 @@ fn caching_disabled_counts_no_queries() {
 
 #[test]
 fn skip_read_writes_but_does_not_query() {
-    let mut s = sched(cfg(64, 16));
+    let mut s = Core::new(cfg(64, 16));
     let mut a = req("a", toks(0, 100), 1);
     a.skip_prefix_cache_read = true;
-    s.add_request(a).unwrap();
-    let fin = run(&mut s);
+    s.add(a).unwrap();
+    let fin = s.run();
     assert_eq!(stats_of(&fin, "a").cache_creation_tokens, 96);
     assert_eq!(s.totals().prefix_cache_queries, 0);
-    s.add_request(req("b", toks(0, 100), 1)).unwrap();
-    let fin = run(&mut s);
+    s.add(req("b", toks(0, 100), 1)).unwrap();
+    let fin = s.run();
     assert_eq!(stats_of(&fin, "b").local_cached_tokens, 96);
 }
 
@@ -160,13 +160,13 @@ fn skip_read_writes_but_does_not_query() {
 fn abort_during_prefill_counts_lookup_once_and_frees_everything() {
     let mut c = cfg(64, 16);
     c.max_num_batched_tokens = 32; // 100-token prompt needs 4 steps
-    let mut s = sched(c);
-    s.add_request(req("warm", toks(0, 40), 1)).unwrap();
-    run(&mut s);
-    s.add_request(req("a", toks(0, 100), 4)).unwrap();
-    step(&mut s, 10.0);
-    step(&mut s, 11.0);
-    let up = s.finish_request("a", FinishReason::Abort, 12.0).unwrap();
+    let mut s = Core::new(c);
+    s.add(req("warm", toks(0, 40), 1)).unwrap();
+    s.run();
+    s.add(req("a", toks(0, 100), 4)).unwrap();
+    s.step(10.0);
+    s.step(11.0);
+    let up = s.finish("a", FinishReason::Abort, 12.0).unwrap();
     assert_eq!(up.finish, Some(FinishReason::Abort));
     let fin = s.take_finished();
     assert_eq!(fin.len(), 1);
@@ -176,19 +176,19 @@ fn abort_during_prefill_counts_lookup_once_and_frees_everything() {
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (140, 32));
     assert_eq!(t.cache_creation_tokens, 32 + 64);
-    assert!(!s.has_unfinished());
-    assert_eq!(s.kv_manager().pool().num_free(), 64);
-    s.check_invariants().unwrap();
+    assert!(!s.s.has_unfinished());
+    assert_eq!(s.s.kv_manager().pool().num_free(), 64);
+    s.s.check_invariants().unwrap();
     // Nothing later re-adds it.
-    step(&mut s, 13.0);
+    s.step(13.0);
     assert_eq!(s.totals().prefix_cache_queries, 140);
 }
 
 #[test]
 fn abort_while_waiting_reports_no_prefill_stats() {
-    let mut s = sched(cfg(64, 16));
-    s.add_request(req("a", toks(0, 10), 1)).unwrap();
-    s.finish_request("a", FinishReason::Abort, 0.5).unwrap();
+    let mut s = Core::new(cfg(64, 16));
+    s.add(req("a", toks(0, 10), 1)).unwrap();
+    s.finish("a", FinishReason::Abort, 0.5).unwrap();
     let fin = s.take_finished();
     assert_eq!(fin[0].prefill_stats, None);
     assert_eq!(s.totals().prompt_tokens, 0);
@@ -205,10 +205,10 @@ fn preemption_keeps_logical_fields_and_grows_physical_ones() {
     let mut c = cfg(4, 4);
     c.max_num_batched_tokens = 8;
     c.enable_prefix_caching = false;
-    let mut s = sched(c);
-    s.add_request(req("a", toks(1, 4), 3)).unwrap();
-    s.add_request(req("b", toks(100, 12), 1)).unwrap();
-    let fin = run(&mut s);
+    let mut s = Core::new(c);
+    s.add(req("a", toks(1, 4), 3)).unwrap();
+    s.add(req("b", toks(100, 12), 1)).unwrap();
+    let fin = s.run();
     assert_eq!(
         fields(&stats_of(&fin, "b")),
         [12, 0, 0, 0, 12, 0, 3, 4, 4, 0, 1]
@@ -228,10 +228,10 @@ fn preemption_keeps_logical_fields_and_grows_physical_ones() {
 fn re_admission_lookup_goes_to_the_preempted_pair_once() {
     let mut c = cfg(4, 4);
     c.max_num_batched_tokens = 8;
-    let mut s = sched(c);
-    s.add_request(req("a", toks(1, 4), 3)).unwrap();
-    s.add_request(req("b", toks(100, 12), 1)).unwrap();
-    let fin = run(&mut s);
+    let mut s = Core::new(c);
+    s.add(req("a", toks(1, 4), 3)).unwrap();
+    s.add(req("b", toks(100, 12), 1)).unwrap();
+    let fin = s.run();
     let t = s.totals();
     assert_eq!((t.prefix_cache_queries, t.prefix_cache_hits), (16, 0));
     assert_eq!(
@@ -252,52 +252,127 @@ fn re_admission_lookup_goes_to_the_preempted_pair_once() {
 struct FakeTier {
     held: usize,
 }
-impl KvConnector for FakeTier {
+impl KvLookup for FakeTier {
     fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
         self.held.min(hashes.len())
     }
 }
 
+/// The tier holds blocks 0..3 of a 100-token prompt. Step 1: the request is admitted, 3 blocks
+/// allocated for the loads, nothing computed; it waits. The loads resolve (all intact): 48
+/// tokens loaded. Step 2: 52 tokens computed in 4 more blocks; blocks 3..=5 become new entries
+/// with 48 computed tokens; blocks 0..=2 (loaded) are filled and cached, but not creations:
+/// 6 blocks filled in all.
 #[test]
 fn external_tier_tokens_are_cached_not_computed() {
-    let s0 = sched(cfg(64, 16));
-    let mut s = s0.with_connector(Box::new(FakeTier { held: 3 }));
-    s.add_request(req("a", toks(0, 100), 1)).unwrap();
-    let out = s.schedule(1.0);
-    assert_eq!(out.kv_loads.len(), 3);
-    assert_eq!(out.chunks[0].start_pos, 48);
-    let res: Vec<_> = out
-        .chunks
-        .iter()
-        .map(|c| c.sample.then(|| cachet_core::Sampled::token(7)))
-        .collect();
-    s.update(&out, res, 1.0);
+    let mut s = Core::new(cfg(64, 16));
+    let mut tier = FakeTier { held: 3 };
+    let slot = s.add(req("a", toks(0, 100), 1)).unwrap();
+    let (out, ups) = s.step_with(1.0, Some(&mut tier));
+    assert!(out.chunks.is_empty() && ups.is_empty());
+    assert_eq!(out.kv_loads.len(), 1);
+    let load = &out.kv_loads[0];
+    assert_eq!((load.slot, load.blocks.len()), (slot, 3));
+    // Waiting for its KV: counted as waiting, not running.
+    let g = s.s.gauges();
+    assert_eq!((g.num_requests_running, g.num_requests_waiting, g.num_requests_waiting_for_kv), (0, 1, 1));
+    // A stale resolution (another handle) is ignored.
+    assert_eq!(s.s.resolve_loads(slot, load.handle + 1, &[true; 3]), None);
+    assert_eq!(s.s.resolve_loads(slot, load.handle, &[true; 3]), Some(3));
+    let (out, _) = s.step_with(2.0, Some(&mut tier));
+    assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (48, 52));
     let fin = s.take_finished();
-    // 48 loaded, 52 computed; blocks 3..=5 created with 48 computed tokens.
     assert_eq!(
         fields(&stats_of(&fin, "a")),
         [100, 0, 48, 48, 52, 48, 1, 7, 6, 0, 0]
     );
     let t = s.totals();
+    // External queries are N - local_hit = 100 (spec §6).
     assert_eq!(
-        (
-            t.external_prefix_cache_queries,
-            t.external_prefix_cache_hits
-        ),
-        (96, 48)
+        (t.external_prefix_cache_queries, t.external_prefix_cache_hits),
+        (100, 48)
     );
-    assert_eq!(t.prompt_tokens_external_kv_transfer, 48);
+    assert_eq!(
+        (t.prompt_tokens_external_kv_transfer, t.prompt_tokens_local_compute),
+        (48, 52)
+    );
+    assert_eq!(t.blocks_filled, 6);
+}
+
+/// Spec §2: the second of three blocks fails to load. The first counts as loaded; the second
+/// and the third (after the failure) are computed and count as computed tokens; the external
+/// hit counter adds only the 16 loaded tokens; the lookup is recorded once.
+#[test]
+fn failed_loads_are_computed_and_counted_as_computed() {
+    let mut s = Core::new(cfg(64, 16));
+    let mut tier = FakeTier { held: 3 };
+    let slot = s.add(req("a", toks(0, 100), 1)).unwrap();
+    let (out, _) = s.step_with(1.0, Some(&mut tier));
+    let handle = out.kv_loads[0].handle;
+    assert_eq!(s.s.resolve_loads(slot, handle, &[true, false, true]), Some(1));
+    let (out, _) = s.step_with(2.0, Some(&mut tier));
+    assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (16, 84));
+    let st = stats_of(&s.take_finished(), "a");
+    // 84 computed; blocks 1..=5 new entries from computed tokens: 80 creation tokens.
+    assert_eq!(fields(&st), [100, 0, 16, 16, 84, 80, 1, 7, 6, 0, 0]);
+    let t = s.totals();
+    assert_eq!(
+        (t.prefix_cache_queries, t.external_prefix_cache_queries, t.external_prefix_cache_hits),
+        (100, 100, 16)
+    );
+}
+
+/// A request aborted while its loads are in flight: freed at once, its lookup counted once, a
+/// late resolution ignored.
+#[test]
+fn abort_while_loading_frees_and_ignores_the_late_resolution() {
+    let mut s = Core::new(cfg(64, 16));
+    let mut tier = FakeTier { held: 2 };
+    let slot = s.add(req("a", toks(0, 100), 1)).unwrap();
+    let (out, _) = s.step_with(1.0, Some(&mut tier));
+    let handle = out.kv_loads[0].handle;
+    let up = s.finish("a", FinishReason::Abort, 1.5).unwrap();
+    assert_eq!(up.finish, Some(FinishReason::Abort));
+    assert_eq!(s.s.resolve_loads(slot, handle, &[true, true]), None);
+    assert_eq!(s.s.kv_manager().pool().num_free(), 64);
+    assert!(!s.s.has_unfinished());
+    let st = stats_of(&s.take_finished(), "a");
+    assert_eq!(fields(&st)[..5], [100, 0, 0, 0, 100]);
+    assert_eq!(s.totals().prefix_cache_queries, 100);
+    s.s.check_invariants().unwrap();
 }
 
 #[test]
-fn rejects_what_can_never_run() {
+fn rejects_what_can_never_run_and_what_the_state_forbids() {
+    use cachet_core::request::InvalidRequest;
     let mut c = cfg(4, 16);
     c.max_model_len = 128;
-    let mut s = sched(c);
-    assert!(s.add_request(req("e", vec![], 1)).is_err());
-    assert!(s.add_request(req("long", toks(0, 128), 1)).is_err());
-    assert!(s.add_request(req("zero", toks(0, 8), 0)).is_err());
-    assert!(s.add_request(req("big", toks(0, 100), 1)).is_err()); // 7 blocks > 4
-    s.add_request(req("ok", toks(0, 8), 1)).unwrap();
-    assert!(s.add_request(req("ok", toks(0, 8), 1)).is_err());
+    c.max_waiting_requests = 1;
+    let mut s = Core::new(c);
+    assert_eq!(
+        s.add(req("e", vec![], 1)),
+        Err(Refused::Invalid(InvalidRequest::EmptyPrompt))
+    );
+    assert!(matches!(
+        s.add(req("long", toks(0, 128), 1)),
+        Err(Refused::Invalid(InvalidRequest::PromptTooLong { .. }))
+    ));
+    assert_eq!(
+        s.add(req("zero", toks(0, 8), 0)),
+        Err(Refused::Invalid(InvalidRequest::ZeroMaxTokens))
+    );
+    // 100 + 1 tokens need 7 blocks of 16; the pool has 4.
+    assert_eq!(
+        s.add(req("big", toks(0, 100), 1)),
+        Err(Refused::Invalid(InvalidRequest::CannotFit {
+            needed: 7,
+            available: 4
+        }))
+    );
+    s.add(req("ok", toks(0, 8), 1)).unwrap();
+    // The same label twice is fine (labels are not ids); the queue of 1 is full, though.
+    assert_eq!(
+        s.add(req("ok", toks(0, 8), 1)),
+        Err(Refused::Add(cachet_core::scheduler::AddError::QueueFull { waiting: 1 }))
+    );
 }

@@ -1,0 +1,431 @@
+//! The recorder: the one home of every accounting number.
+//!
+//! It observes the scheduler's effects ([`Effect`]) and from them alone keeps each request's
+//! [`PrefillStats`] (both families of spec §3), its [`RequestTimes`], the session-cumulative
+//! stats, the monotonic [`CounterTotals`] (spec §6), the latency samples and the finished-request
+//! records. Nothing it computes flows back into a decision: the scheduler knows it only as an
+//! [`Observer`].
+//!
+//! Where a number lives:
+//! - logical fields and the query/hit/by-source totals: [`Recorder::settle`], called once per
+//!   request when its lookup (and its external loads) are known;
+//! - physical fields, fills, allocations, evictions, creation: the `Admitted`, `Allocated`,
+//!   `Computed` and `Preempted` effects;
+//! - times: `Admitted` (first scheduling), `Sampled` (first token), `Finished`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::observe::{Effect, Lookup, Observer};
+use crate::stats::{CounterTotals, FinishedRequestStats, PrefillStats, RequestTimes};
+
+/// Session-cumulative numbers: the sum over a session's turns, this one included.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SessionTotals {
+    pub stats: PrefillStats,
+    pub queue_s: f64,
+    pub prefill_s: f64,
+}
+
+impl SessionTotals {
+    fn add(&mut self, stats: &PrefillStats, times: &RequestTimes) {
+        self.stats.accumulate(stats);
+        self.queue_s += times.queue_s();
+        self.prefill_s += times.prefill_s();
+    }
+}
+
+/// What the recorder says about one request on its first-token update and on its final one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// `None` for a request that was never admitted.
+    pub prefill_stats: Option<PrefillStats>,
+    /// The request's timestamps so far.
+    pub times: RequestTimes,
+    /// Session turns: the session's cumulative numbers.
+    pub session: Option<SessionTotals>,
+    /// On the final update.
+    pub finished: Option<FinishedRequestStats>,
+}
+
+/// TTFT and inter-token latency samples (seconds).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencySamples {
+    pub ttft_s: Vec<f64>,
+    pub itl_s: Vec<f64>,
+}
+
+/// Per-request state of the recorder, by slot, while the request lives.
+#[derive(Debug)]
+struct Record {
+    handle: u64,
+    label: Arc<str>,
+    session_id: Option<Arc<str>>,
+    prompt_len: usize,
+    max_tokens: u32,
+    times: RequestTimes,
+    last_token: f64,
+    stats: PrefillStats,
+    admitted: bool,
+    /// Logical fields are fixed.
+    settled: bool,
+    /// The first output token exists: physical fields are final.
+    finalized: bool,
+    /// Prompt positions below this are not counted as cache creation (again).
+    creation_floor: usize,
+    num_preemptions: u64,
+    lookup: Option<Lookup>,
+    retained: usize,
+    /// Earlier turns of the request's session.
+    session_base: SessionTotals,
+}
+
+#[derive(Debug)]
+pub struct Recorder {
+    block_size: usize,
+    records: Vec<Option<Record>>,
+    totals: CounterTotals,
+    samples: LatencySamples,
+    finished: Vec<FinishedRequestStats>,
+    reports: Vec<(u32, Report)>,
+    /// Cumulative numbers of parked sessions.
+    sessions: HashMap<Arc<str>, SessionTotals>,
+}
+
+impl Recorder {
+    pub fn new(block_size: usize) -> Self {
+        Recorder {
+            block_size,
+            records: Vec::new(),
+            totals: CounterTotals::default(),
+            samples: LatencySamples::default(),
+            finished: Vec::new(),
+            reports: Vec::new(),
+            sessions: HashMap::new(),
+        }
+    }
+
+    /// Monotonic totals (turn them into deltas with [`crate::stats::DeltaTracker`]).
+    pub fn totals(&self) -> CounterTotals {
+        self.totals
+    }
+
+    /// Finished-request records since the last call.
+    pub fn take_finished(&mut self) -> Vec<FinishedRequestStats> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Latency samples since the last call.
+    pub fn take_latency_samples(&mut self) -> LatencySamples {
+        std::mem::take(&mut self.samples)
+    }
+
+    /// Reports for first-token and final updates since the last call, as (slot, report), in
+    /// the order of the updates they belong to; at most one per slot and update.
+    pub fn take_reports(&mut self) -> Vec<(u32, Report)> {
+        std::mem::take(&mut self.reports)
+    }
+
+    /// Whether any report is pending (cheap check for the common decode step).
+    pub fn has_reports(&self) -> bool {
+        !self.reports.is_empty()
+    }
+
+    /// The live request's stats so far (tests, the inspector).
+    pub fn request_stats(&self, slot: u32) -> Option<PrefillStats> {
+        self.record(slot).map(|r| r.stats)
+    }
+
+    fn record(&self, slot: u32) -> Option<&Record> {
+        self.records.get(slot as usize).and_then(|r| r.as_ref())
+    }
+
+    fn record_mut(&mut self, slot: u32) -> Option<&mut Record> {
+        self.records.get_mut(slot as usize).and_then(|r| r.as_mut())
+    }
+
+    /// Fix a request's logical fields (spec §3) and add them to the totals, once: `external`
+    /// tokens came from the tier (0 when none, or when its loads failed).
+    fn settle(totals: &mut CounterTotals, r: &mut Record, external: usize) {
+        if r.settled {
+            return;
+        }
+        r.settled = true;
+        let local = r.lookup.map_or(0, |l| l.local_hit_tokens) as u64;
+        let ext = external as u64;
+        let prompt = (r.prompt_len - r.retained) as u64;
+        let cached = local + ext;
+        let s = &mut r.stats;
+        s.prompt_tokens = prompt;
+        s.local_cached_tokens = local;
+        s.external_cached_tokens = ext;
+        s.cached_tokens = cached;
+        s.computed_tokens = prompt - cached;
+        r.creation_floor = r.retained + (local + ext) as usize;
+        if r.lookup.is_some_and(|l| l.external_consulted) {
+            totals.external_prefix_cache_hits += ext;
+        }
+        totals.prompt_tokens += prompt;
+        totals.prompt_tokens_local_compute += prompt - cached;
+        totals.prompt_tokens_local_cache_hit += local;
+        totals.prompt_tokens_external_kv_transfer += ext;
+        totals.prompt_tokens_cached += cached;
+    }
+
+    /// Queue `report` for `slot`, replacing one queued for the same slot in this step (a
+    /// request whose first token was also its last).
+    fn push_report(&mut self, slot: u32, report: Report) {
+        if let Some(last) = self.reports.last_mut() {
+            if last.0 == slot && last.1.finished.is_none() {
+                last.1 = report;
+                return;
+            }
+        }
+        self.reports.push((slot, report));
+    }
+}
+
+impl Observer for Recorder {
+    fn observe(&mut self, effect: Effect<'_>) {
+        let b = self.block_size;
+        match effect {
+            Effect::Arrived {
+                slot,
+                handle,
+                label,
+                prompt_len,
+                max_tokens,
+                arrival,
+                cache_salt: _,
+                session,
+            } => {
+                let i = slot as usize;
+                if self.records.len() <= i {
+                    self.records.resize_with(i + 1, || None);
+                }
+                let session_base = match session {
+                    Some(s) => {
+                        let base = self.sessions.remove(&s.session_id);
+                        if s.continued() {
+                            base.unwrap_or_default()
+                        } else {
+                            SessionTotals::default()
+                        }
+                    }
+                    None => SessionTotals::default(),
+                };
+                self.records[i] = Some(Record {
+                    handle,
+                    label: label.clone(),
+                    session_id: session.map(|s| s.session_id.clone()),
+                    prompt_len,
+                    max_tokens,
+                    times: RequestTimes {
+                        arrival,
+                        ..Default::default()
+                    },
+                    last_token: arrival,
+                    stats: PrefillStats::default(),
+                    admitted: false,
+                    settled: false,
+                    finalized: false,
+                    creation_floor: 0,
+                    num_preemptions: 0,
+                    lookup: None,
+                    retained: 0,
+                    session_base,
+                });
+            }
+            Effect::Admitted {
+                slot,
+                now,
+                first,
+                lookup,
+                retained,
+                num_computed: _,
+                kv,
+            } => {
+                let totals = &mut self.totals;
+                let Some(r) = self
+                    .records
+                    .get_mut(slot as usize)
+                    .and_then(|r| r.as_mut())
+                else {
+                    return;
+                };
+                if first {
+                    r.admitted = true;
+                    r.times.first_scheduled = Some(now);
+                    r.retained = retained;
+                    r.lookup = lookup;
+                    if let Some(l) = lookup {
+                        totals.prefix_cache_queries += l.queried_tokens as u64;
+                        totals.prefix_cache_hits += l.local_hit_tokens as u64;
+                        if l.external_consulted {
+                            totals.external_prefix_cache_queries +=
+                                (l.queried_tokens - l.local_hit_tokens) as u64;
+                        }
+                    }
+                    if lookup.is_none_or(|l| l.external_pending_tokens == 0) {
+                        Self::settle(totals, r, 0);
+                    }
+                } else if let Some(l) = lookup {
+                    totals.preempted_prefix_cache_queries += l.queried_tokens as u64;
+                    totals.preempted_prefix_cache_hits += l.local_hit_tokens as u64;
+                }
+                let (alloc, evicted) = (kv.allocated as u64, kv.evicted.len() as u64);
+                totals.blocks_allocated += alloc;
+                totals.blocks_evicted += evicted;
+                if !r.finalized {
+                    r.stats.blocks_allocated += alloc;
+                    r.stats.blocks_evicted += evicted;
+                }
+            }
+            Effect::LoadsResolved {
+                slot,
+                loaded_tokens,
+                failed_tokens: _,
+            } => {
+                let totals = &mut self.totals;
+                if let Some(r) = self
+                    .records
+                    .get_mut(slot as usize)
+                    .and_then(|r| r.as_mut())
+                {
+                    Self::settle(totals, r, loaded_tokens);
+                }
+            }
+            Effect::Allocated { slot, kv } => {
+                let (alloc, evicted) = (kv.allocated as u64, kv.evicted.len() as u64);
+                self.totals.blocks_allocated += alloc;
+                self.totals.blocks_evicted += evicted;
+                if let Some(r) = self.record_mut(slot) {
+                    if !r.finalized {
+                        r.stats.blocks_allocated += alloc;
+                        r.stats.blocks_evicted += evicted;
+                    }
+                }
+            }
+            Effect::Preempted { slot } => {
+                self.totals.num_preemptions += 1;
+                if let Some(r) = self.record_mut(slot) {
+                    r.num_preemptions += 1;
+                    if !r.finalized {
+                        r.stats.preemptions += 1;
+                    }
+                }
+            }
+            Effect::Computed {
+                slot,
+                prefill,
+                kv,
+                hashes: _,
+                tokens: _,
+            } => {
+                self.totals.blocks_filled += kv.filled as u64;
+                let Some(r) = self.record_mut(slot) else {
+                    return;
+                };
+                if !prefill || r.finalized {
+                    return;
+                }
+                r.stats.prefill_chunks += 1;
+                r.stats.blocks_filled += kv.filled as u64;
+                for &i in &kv.created {
+                    let lo = (i as usize * b).max(r.creation_floor);
+                    let hi = ((i as usize + 1) * b).min(r.prompt_len);
+                    r.stats.cache_creation_tokens += hi.saturating_sub(lo) as u64;
+                }
+                r.creation_floor = r.creation_floor.max(kv.committed_until);
+            }
+            Effect::Sampled { slot, now, first } => {
+                self.totals.generation_tokens += 1;
+                let Some(r) = self
+                    .records
+                    .get_mut(slot as usize)
+                    .and_then(|r| r.as_mut())
+                else {
+                    return;
+                };
+                if first && !r.finalized {
+                    r.finalized = true;
+                    r.times.first_token = Some(now);
+                    self.totals.cache_creation_tokens += r.stats.cache_creation_tokens;
+                    self.samples.ttft_s.push((now - r.times.arrival).max(0.0));
+                    let session = r.session_id.is_some().then(|| {
+                        let mut t = r.session_base;
+                        t.add(&r.stats, &r.times);
+                        t
+                    });
+                    let report = Report {
+                        prefill_stats: Some(r.stats),
+                        times: r.times,
+                        session,
+                        finished: None,
+                    };
+                    r.last_token = now;
+                    self.push_report(slot, report);
+                } else {
+                    self.samples.itl_s.push((now - r.last_token).max(0.0));
+                    r.last_token = now;
+                }
+            }
+            Effect::Finished {
+                slot,
+                now,
+                reason,
+                generation_tokens,
+                parked,
+            } => {
+                let Some(mut r) = self.records.get_mut(slot as usize).and_then(|r| r.take())
+                else {
+                    return;
+                };
+                if r.admitted {
+                    Self::settle(&mut self.totals, &mut r, 0);
+                    if !r.finalized {
+                        // Ended during prefill: its creation count ends here, and counts once.
+                        self.totals.cache_creation_tokens += r.stats.cache_creation_tokens;
+                    }
+                }
+                r.times.finished = Some(now);
+                let prefill_stats = r.admitted.then_some(r.stats);
+                let session = r.session_id.as_ref().map(|id| {
+                    let mut t = r.session_base;
+                    if r.admitted {
+                        t.add(&r.stats, &r.times);
+                    }
+                    if parked {
+                        self.sessions.insert(id.clone(), t);
+                    }
+                    t
+                });
+                let finished = FinishedRequestStats {
+                    handle: r.handle,
+                    request_id: r.label,
+                    finish_reason: reason,
+                    prompt_tokens: r.prompt_len as u64,
+                    generation_tokens: generation_tokens as u64,
+                    max_tokens: r.max_tokens,
+                    prefill_stats,
+                    times: r.times,
+                    num_preemptions: r.num_preemptions,
+                };
+                self.finished.push(finished.clone());
+                self.push_report(
+                    slot,
+                    Report {
+                        prefill_stats,
+                        times: r.times,
+                        session,
+                        finished: Some(finished),
+                    },
+                );
+            }
+            Effect::SessionReleased { session_id } => {
+                self.sessions.remove(session_id);
+            }
+            Effect::CacheReset => {}
+        }
+    }
+}
