@@ -1,0 +1,278 @@
+//! Monotonic totals of the tier client, read with [`crate::TierClient::stats`].
+//!
+//! Every field except the gauges (`host_resident_*`, `redis_up`, `save_queue_len`) only grows,
+//! so the engine's one delta tracker can turn two snapshots into per-interval increments. The
+//! Prometheus names these map to (the server owns them): bytes and seconds per tier are vLLM's
+//! `vllm:kv_offload_*` load/store family; blocks, save drops, load failures by cause and the
+//! latency histogram are `cachet:` metrics.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+use crate::format::LoadError;
+use crate::TierKind;
+
+/// Upper bounds (seconds) of the load-latency histogram buckets; a last bucket is `+Inf`.
+pub const LOAD_LATENCY_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
+/// A histogram's totals: `counts[i]` observations `<= LOAD_LATENCY_BUCKETS[i]` and above the
+/// previous bound (not cumulative); the last entry counts those above every bound.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LatencyHistogram {
+    pub counts: Vec<u64>,
+    pub sum_seconds: f64,
+    pub count: u64,
+}
+
+impl LatencyHistogram {
+    pub fn bounds(&self) -> &'static [f64] {
+        LOAD_LATENCY_BUCKETS
+    }
+}
+
+/// One tier's traffic.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TierIoStats {
+    /// Lookups that consulted this tier.
+    pub lookups: u64,
+    /// Blocks those lookups reported this tier holds (within the leading run).
+    pub lookup_blocks: u64,
+    /// Blocks loaded successfully from this tier, and their payload bytes.
+    pub blocks_loaded: u64,
+    pub bytes_loaded: u64,
+    /// Time spent in loads from this tier (per call: fetch and verification).
+    pub load_seconds: f64,
+    /// Blocks written to this tier, and their payload bytes.
+    pub blocks_saved: u64,
+    pub bytes_saved: u64,
+    /// Time spent writing (Redis: per batch round trip, encoding included).
+    pub save_seconds: f64,
+    /// Latency of each load call to this tier (one per ticket that used the tier).
+    pub load_latency: LatencyHistogram,
+}
+
+/// Failed blocks of loads, by cause (one count per block).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadFailures {
+    pub missing: u64,
+    pub timeout: u64,
+    pub unavailable: u64,
+    pub failed: u64,
+    pub corrupt: u64,
+    pub bad_signature: u64,
+    pub foreign_layout: u64,
+    pub unsupported_version: u64,
+}
+
+impl LoadFailures {
+    pub fn total(&self) -> u64 {
+        self.missing
+            + self.timeout
+            + self.unavailable
+            + self.failed
+            + self.corrupt
+            + self.bad_signature
+            + self.foreign_layout
+            + self.unsupported_version
+    }
+}
+
+/// A snapshot of [`crate::TierClient`]'s totals.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TierStats {
+    pub host: TierIoStats,
+    pub redis: TierIoStats,
+    /// Saves refused because the write-behind queue was full.
+    pub save_queue_drops: u64,
+    /// Saves skipped because they would exceed the instance's Redis byte budget.
+    pub save_budget_drops: u64,
+    /// Saves that reached the writer but were not stored (Redis down, error, timeout).
+    pub save_failures: u64,
+    /// Host saves refused because one payload exceeds the whole host capacity.
+    pub host_too_large: u64,
+    /// Blocks the host tier evicted to stay within its bytes.
+    pub host_evictions: u64,
+    /// Lookups whose Redis part failed (error or timeout) and answered without Redis.
+    pub lookup_failures: u64,
+    /// Of those, the ones that ran past the timeout.
+    pub lookup_timeouts: u64,
+    /// Lookups that skipped Redis because it was known to be down.
+    pub lookup_skips: u64,
+    pub load_failures: LoadFailures,
+    /// Times the Redis tier went down (a call failed while it was up).
+    pub redis_outages: u64,
+    /// Gauges.
+    pub host_resident_bytes: u64,
+    pub host_resident_blocks: u64,
+    pub redis_up: bool,
+    pub save_queue_len: u64,
+}
+
+impl TierStats {
+    pub fn tier(&self, kind: TierKind) -> &TierIoStats {
+        match kind {
+            TierKind::Host => &self.host,
+            TierKind::Redis => &self.redis,
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Histo {
+    buckets: [AtomicU64; 15],
+    sum_ns: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histo {
+    pub(crate) fn observe(&self, d: Duration) {
+        let s = d.as_secs_f64();
+        let i = LOAD_LATENCY_BUCKETS
+            .iter()
+            .position(|b| s <= *b)
+            .unwrap_or(LOAD_LATENCY_BUCKETS.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    fn snapshot(&self) -> LatencyHistogram {
+        LatencyHistogram {
+            counts: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
+            sum_seconds: self.sum_ns.load(Relaxed) as f64 * 1e-9,
+            count: self.count.load(Relaxed),
+        }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct TierCounters {
+    pub lookups: AtomicU64,
+    pub lookup_blocks: AtomicU64,
+    pub blocks_loaded: AtomicU64,
+    pub bytes_loaded: AtomicU64,
+    pub load_ns: AtomicU64,
+    pub blocks_saved: AtomicU64,
+    pub bytes_saved: AtomicU64,
+    pub save_ns: AtomicU64,
+    pub latency: Histo,
+}
+
+impl TierCounters {
+    fn snapshot(&self) -> TierIoStats {
+        TierIoStats {
+            lookups: self.lookups.load(Relaxed),
+            lookup_blocks: self.lookup_blocks.load(Relaxed),
+            blocks_loaded: self.blocks_loaded.load(Relaxed),
+            bytes_loaded: self.bytes_loaded.load(Relaxed),
+            load_seconds: self.load_ns.load(Relaxed) as f64 * 1e-9,
+            blocks_saved: self.blocks_saved.load(Relaxed),
+            bytes_saved: self.bytes_saved.load(Relaxed),
+            save_seconds: self.save_ns.load(Relaxed) as f64 * 1e-9,
+            load_latency: self.latency.snapshot(),
+        }
+    }
+
+    pub(crate) fn load_call(&self, d: Duration) {
+        self.load_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.latency.observe(d);
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub host: TierCounters,
+    pub redis: TierCounters,
+    pub save_queue_drops: AtomicU64,
+    pub save_budget_drops: AtomicU64,
+    pub save_failures: AtomicU64,
+    pub host_too_large: AtomicU64,
+    pub lookup_failures: AtomicU64,
+    pub lookup_timeouts: AtomicU64,
+    pub lookup_skips: AtomicU64,
+    pub redis_outages: AtomicU64,
+    /// Saves accepted into the queue, and saves the writer has finished with (stored, failed
+    /// or over budget): their difference is the queue's length plus the batch in flight.
+    pub saves_enqueued: AtomicU64,
+    pub saves_settled: AtomicU64,
+    failures: [AtomicU64; 8],
+}
+
+impl Counters {
+    pub(crate) fn load_failure(&self, e: &LoadError) {
+        let i = match e {
+            LoadError::Missing => 0,
+            LoadError::Timeout => 1,
+            LoadError::Unavailable => 2,
+            LoadError::Failed => 3,
+            LoadError::Corrupt(_) => 4,
+            LoadError::BadSignature => 5,
+            LoadError::ForeignLayout => 6,
+            LoadError::UnsupportedVersion(_) => 7,
+        };
+        self.failures[i].fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> TierStats {
+        let f = |i: usize| self.failures[i].load(Relaxed);
+        let enq = self.saves_enqueued.load(Relaxed);
+        let settled = self.saves_settled.load(Relaxed);
+        TierStats {
+            host: self.host.snapshot(),
+            redis: self.redis.snapshot(),
+            save_queue_drops: self.save_queue_drops.load(Relaxed),
+            save_budget_drops: self.save_budget_drops.load(Relaxed),
+            save_failures: self.save_failures.load(Relaxed),
+            host_too_large: self.host_too_large.load(Relaxed),
+            host_evictions: 0,
+            lookup_failures: self.lookup_failures.load(Relaxed),
+            lookup_timeouts: self.lookup_timeouts.load(Relaxed),
+            lookup_skips: self.lookup_skips.load(Relaxed),
+            load_failures: LoadFailures {
+                missing: f(0),
+                timeout: f(1),
+                unavailable: f(2),
+                failed: f(3),
+                corrupt: f(4),
+                bad_signature: f(5),
+                foreign_layout: f(6),
+                unsupported_version: f(7),
+            },
+            redis_outages: self.redis_outages.load(Relaxed),
+            host_resident_bytes: 0,
+            host_resident_blocks: 0,
+            redis_up: false,
+            save_queue_len: enq.saturating_sub(settled),
+        }
+    }
+}
+
+pub(crate) fn add_ns(a: &AtomicU64, d: Duration) {
+    a.fetch_add(d.as_nanos() as u64, Relaxed);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets_are_upper_inclusive() {
+        let h = Histo::default();
+        h.observe(Duration::from_micros(100)); // == first bound
+        h.observe(Duration::from_micros(101)); // second bucket
+        h.observe(Duration::from_millis(30)); // (0.025, 0.05]
+        h.observe(Duration::from_secs(3)); // +Inf
+        let s = h.snapshot();
+        assert_eq!(s.counts.len(), LOAD_LATENCY_BUCKETS.len() + 1);
+        let mut expect = vec![0u64; 15];
+        expect[0] = 1;
+        expect[1] = 1;
+        expect[8] = 1;
+        expect[14] = 1;
+        assert_eq!(s.counts, expect);
+        assert_eq!(s.count, 4);
+        assert!((s.sum_seconds - 3.030201).abs() < 1e-9);
+    }
+}
