@@ -19,12 +19,13 @@
 //!   (one `BlockRemoved`).
 //! - `{"clear": true}`: every block leaves (`AllBlocksCleared`).
 //! - `{"ops": [command, ...]}`: several of the above in one batch.
+//! - Any of these may carry `"medium": "CPU"` (default `"GPU"`): the event names that tier.
 //! - `{"stats": true}`: answers `{"sent": N, "dropped": N, "replays": N}`, publishes nothing.
 //!
 //! Hashes are cachet's own chained BLAKE3 block hashes (`cachet_core::hash`), seeded by
 //! `--model-fingerprint`, block size and a fixed KV layout name.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 use std::sync::Arc;
 
@@ -36,26 +37,36 @@ use serde_json::{json, Value};
 struct Pool {
     seed: HashSeed,
     block_size: usize,
-    cached: HashSet<BlockHash>,
+    /// What each medium holds.
+    cached: HashMap<Medium, HashSet<BlockHash>>,
+}
+
+/// cachet's chained hashes of the full blocks of `tokens`.
+fn chain(seed: HashSeed, block_size: usize, tokens: &[u32]) -> Vec<BlockHash> {
+    let mut parent = seed.0;
+    let mut out = Vec::new();
+    for (i, block) in tokens.chunks_exact(block_size).enumerate() {
+        parent = hash_block(&parent, block, &ExtraKeys::default(), i);
+        out.push(parent);
+    }
+    out
 }
 
 impl Pool {
-    fn chain(&self, tokens: &[u32]) -> Vec<BlockHash> {
-        let mut parent = self.seed.0;
-        let mut out = Vec::new();
-        for (i, block) in tokens.chunks_exact(self.block_size).enumerate() {
-            parent = hash_block(&parent, block, &ExtraKeys::default(), i);
-            out.push(parent);
-        }
-        out
-    }
-
     fn apply(&mut self, cmd: &Value, events: &mut Vec<CacheEvent>) -> Result<(), String> {
         if let Some(ops) = cmd.get("ops").and_then(Value::as_array) {
             for op in ops {
                 self.apply(op, events)?;
             }
-        } else if let Some(tokens) = cmd.get("store") {
+            return Ok(());
+        }
+        let medium = match cmd.get("medium").and_then(Value::as_str) {
+            None | Some("GPU") => Medium::Gpu,
+            Some("CPU") => Medium::Cpu,
+            Some(other) => return Err(format!("unknown medium {other}")),
+        };
+        let cached = self.cached.entry(medium).or_default();
+        if let Some(tokens) = cmd.get("store") {
             let tokens = token_list(tokens)?;
             let cause = cmd
                 .get("request_id")
@@ -65,12 +76,12 @@ impl Pool {
                     request_id: Arc::from(r),
                     session_id: cmd.get("session_id").and_then(Value::as_str).map(Arc::from),
                 });
-            let chain = self.chain(&tokens);
-            let Some(first_new) = chain.iter().position(|h| !self.cached.contains(h)) else {
+            let chain = chain(self.seed, self.block_size, &tokens);
+            let Some(first_new) = chain.iter().position(|h| !cached.contains(h)) else {
                 return Ok(());
             };
             let hashes = chain[first_new..].to_vec();
-            self.cached.extend(hashes.iter().copied());
+            cached.extend(hashes.iter().copied());
             let bs = self.block_size;
             events.push(CacheEvent::Stored {
                 parent: first_new.checked_sub(1).map(|i| chain[i]),
@@ -78,30 +89,27 @@ impl Pool {
                 hashes,
                 block_size: bs as u32,
                 lora_name: None,
-                medium: Medium::Gpu,
+                medium,
                 cause,
             });
         } else if let Some(tokens) = cmd.get("remove") {
             let tokens = token_list(tokens)?;
             let from = cmd.get("from_block").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let hashes: Vec<BlockHash> = self
-                .chain(&tokens)
+            let hashes: Vec<BlockHash> = chain(self.seed, self.block_size, &tokens)
                 .into_iter()
                 .skip(from)
-                .filter(|h| self.cached.remove(h))
+                .filter(|h| cached.remove(h))
                 .collect();
             if !hashes.is_empty() {
                 events.push(CacheEvent::Removed {
                     hashes,
-                    medium: Medium::Gpu,
+                    medium,
                     cause: None,
                 });
             }
         } else if cmd.get("clear").is_some() {
-            self.cached.clear();
-            events.push(CacheEvent::AllCleared {
-                medium: Medium::Gpu,
-            });
+            cached.clear();
+            events.push(CacheEvent::AllCleared { medium });
         } else {
             return Err(format!("unknown command {cmd}"));
         }
@@ -159,7 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut pool = Pool {
         seed: HashSeed::new(&fp, block_size, "publish_script"),
         block_size,
-        cached: HashSet::new(),
+        cached: HashMap::new(),
     };
     let mut out = std::io::stdout().lock();
     writeln!(
