@@ -97,6 +97,13 @@ impl ZmqPublisher {
         paused: bool,
     ) -> Result<Self, KvEventsError> {
         cfg.validate()?;
+        if cfg.hwm != KvEventsConfig::default().hwm {
+            tracing::warn!(
+                hwm = cfg.hwm,
+                "kv-events hwm is not configurable here: the PUB socket queues up to 100000 \
+                 messages per subscriber"
+            );
+        }
         let (tx, rx) = mpsc::channel(cfg.max_queue_size);
         let counters = Arc::new(Counters::default());
         let setup = Setup {
@@ -150,7 +157,8 @@ impl ZmqPublisher {
 
     /// Queues one batch; never blocks. Empty batches are not published (vLLM publishes only
     /// steps that had events) and take no sequence number.
-    pub fn publish(&self, batch: Arc<EventBatch>) {
+    pub fn publish(&self, batch: impl Into<Arc<EventBatch>>) {
+        let batch = batch.into();
         if batch.is_empty() {
             return;
         }
@@ -517,9 +525,15 @@ mod tests {
     }
 
     #[test]
+    fn the_publisher_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<ZmqPublisher>();
+    }
+
+    #[test]
     fn empty_batches_are_not_published() {
         let p = ZmqPublisher::start_inner(&cfg(4, 4), 0, false).unwrap();
-        p.publish(Arc::new(EventBatch::default()));
+        p.publish(EventBatch::default());
         p.publish(batch(1));
         wait_sent(&p, 1);
         assert_eq!(p.dropped(), 0);
