@@ -1,0 +1,146 @@
+//! The paged KV arena: per layer, K and V as `[num_blocks][block_size][n_kv_heads][head_dim]`,
+//! and one block's KV as bytes (for external tiers): every layer's K rows then V rows of the
+//! block, each element little-endian in the arena's dtype.
+
+use cachet_core::{BlockId, ExecError};
+use cachet_kernels::attention::KvElem;
+
+/// A KV element the executor can write.
+pub trait KvStore: KvElem + Copy + Send + Sync + 'static {
+    const ZERO: Self;
+    /// Bytes per element.
+    const BYTES: usize;
+    /// `dst[i] = src[i]` converted (same lengths).
+    fn store_slice(src: &[f32], dst: &mut [Self]);
+    /// Append `src` as little-endian bytes.
+    fn write_le(src: &[Self], out: &mut Vec<u8>);
+    /// `dst` from little-endian bytes (`src.len() == dst.len() * BYTES`).
+    fn read_le(src: &[u8], dst: &mut [Self]);
+}
+
+/// Per-layer K and V, each `[num_blocks][block_size][n_kv_heads][head_dim]`.
+pub(crate) struct LayerKv<T> {
+    pub(crate) k: Vec<T>,
+    pub(crate) v: Vec<T>,
+}
+
+pub(crate) enum Arena {
+    F32(Vec<LayerKv<f32>>),
+    F16(Vec<LayerKv<half::f16>>),
+}
+
+pub(crate) fn new_layers<T: KvStore>(n_layers: usize, elems: usize) -> Vec<LayerKv<T>> {
+    (0..n_layers)
+        .map(|_| LayerKv {
+            k: vec![T::ZERO; elems],
+            v: vec![T::ZERO; elems],
+        })
+        .collect()
+}
+
+impl KvStore for f32 {
+    const ZERO: Self = 0.0;
+    const BYTES: usize = 4;
+    fn store_slice(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
+    }
+    fn write_le(src: &[Self], out: &mut Vec<u8>) {
+        out.extend(src.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    fn read_le(src: &[u8], dst: &mut [Self]) {
+        for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
+}
+
+impl KvStore for half::f16 {
+    const ZERO: Self = half::f16::ZERO;
+    const BYTES: usize = 2;
+    fn store_slice(src: &[f32], dst: &mut [Self]) {
+        // Vectorised (F16C when the CPU has it, detected once per call).
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+    fn write_le(src: &[Self], out: &mut Vec<u8>) {
+        out.extend(src.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    fn read_le(src: &[u8], dst: &mut [Self]) {
+        for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
+            *d = half::f16::from_le_bytes([c[0], c[1]]);
+        }
+    }
+}
+
+/// Elements of one block in one layer's K (or V).
+fn block_range(block: BlockId, block_elems: usize) -> std::ops::Range<usize> {
+    let start = block as usize * block_elems;
+    start..start + block_elems
+}
+
+impl Arena {
+    pub(crate) fn elem_bytes(&self) -> usize {
+        match self {
+            Arena::F32(_) => f32::BYTES,
+            Arena::F16(_) => half::f16::BYTES,
+        }
+    }
+
+    fn num_layers(&self) -> usize {
+        match self {
+            Arena::F32(l) => l.len(),
+            Arena::F16(l) => l.len(),
+        }
+    }
+
+    /// Bytes of one block: every layer's K and V.
+    pub(crate) fn block_bytes(&self, block_elems: usize) -> usize {
+        self.num_layers() * 2 * block_elems * self.elem_bytes()
+    }
+
+    /// Append block `block`'s KV to `out` (layer by layer: K rows, then V rows).
+    pub(crate) fn save_block(&self, block: BlockId, block_elems: usize, out: &mut Vec<u8>) {
+        fn save<T: KvStore>(layers: &[LayerKv<T>], r: std::ops::Range<usize>, out: &mut Vec<u8>) {
+            for l in layers {
+                T::write_le(&l.k[r.clone()], out);
+                T::write_le(&l.v[r.clone()], out);
+            }
+        }
+        let r = block_range(block, block_elems);
+        out.reserve(self.block_bytes(block_elems));
+        match self {
+            Arena::F32(l) => save(l, r, out),
+            Arena::F16(l) => save(l, r, out),
+        }
+    }
+
+    /// Overwrite block `block` with bytes written by [`Arena::save_block`].
+    pub(crate) fn load_block(
+        &mut self,
+        block: BlockId,
+        block_elems: usize,
+        data: &[u8],
+    ) -> Result<(), ExecError> {
+        let want = self.block_bytes(block_elems);
+        if data.len() != want {
+            return Err(ExecError::BadLoad {
+                block,
+                got: data.len(),
+                want,
+            });
+        }
+        fn load<T: KvStore>(layers: &mut [LayerKv<T>], r: std::ops::Range<usize>, data: &[u8]) {
+            let half = r.len() * T::BYTES;
+            for (l, chunk) in layers.iter_mut().zip(data.chunks_exact(2 * half)) {
+                T::read_le(&chunk[..half], &mut l.k[r.clone()]);
+                T::read_le(&chunk[half..], &mut l.v[r.clone()]);
+            }
+        }
+        let r = block_range(block, block_elems);
+        match self {
+            Arena::F32(l) => load(l, r, data),
+            Arena::F16(l) => load(l, r, data),
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,467 @@
+//! [`LlamaExecutor`]: one batched forward per engine step over a paged KV arena.
+//!
+//! All chunk tokens of a step are concatenated into one activation matrix `[T][hidden]`, so
+//! every projection is a single `QMatrix::matmul` with `m = T` (prefill chunks and decodes
+//! together). Each token's K/V is written to slot `pos % block_size` of block
+//! `block_table[pos / block_size]`; attention runs per sequence over its block table
+//! (parallel over (sequence, token range) tasks); the final norm and lm_head run only for the
+//! rows whose chunk asks for a sample.
+//!
+//! The module splits in three: this file (the executor's state, batch validation, the
+//! [`Executor`] impl), `arena` (the paged KV arena and a block's bytes for external tiers) and
+//! `forward` (the layer loop and its row helpers).
+
+mod arena;
+mod forward;
+
+use std::sync::Arc;
+
+use cachet_core::{BlockId, ExecBatch, ExecError, Executor, Sampled, TokenId};
+use cachet_kernels::ThreadPool;
+
+use crate::gguf::LlamaWeights;
+use crate::sampling::{self, SampleInput, SamplerScratch};
+use crate::ModelError;
+
+use arena::{new_layers, Arena};
+use forward::forward_impl;
+pub use arena::KvStore;
+
+/// Element type of the KV arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    F32,
+    #[default]
+    F16,
+}
+
+impl KvDtype {
+    pub fn elem_bytes(self) -> usize {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 => 2,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" => Some(KvDtype::F32),
+            "f16" | "float16" | "half" => Some(KvDtype::F16),
+            _ => None,
+        }
+    }
+}
+
+/// KV arena geometry.
+#[derive(Clone, Copy, Debug)]
+pub struct ExecutorConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// Blocks in the arena (block ids `0..num_blocks`).
+    pub num_blocks: usize,
+    pub kv_dtype: KvDtype,
+}
+
+
+/// Names of the phases timed by [`LlamaExecutor::set_profiling`].
+pub const PROFILE_PHASES: [&str; 8] = [
+    "embed",
+    "norms+swiglu",
+    "qkv matmul",
+    "rope+kv write",
+    "attention",
+    "o/ffn matmuls",
+    "lm_head",
+    "sampling",
+];
+
+/// Accumulated wall time per phase (only when enabled).
+#[derive(Default)]
+pub(crate) struct Prof {
+    pub(crate) on: bool,
+    pub(crate) last: Option<std::time::Instant>,
+    pub(crate) acc: [f64; 8],
+}
+
+impl Prof {
+    #[inline]
+    pub(crate) fn start(&mut self) {
+        if self.on {
+            self.last = Some(std::time::Instant::now());
+        }
+    }
+    #[inline]
+    pub(crate) fn mark(&mut self, phase: usize) {
+        if self.on {
+            let now = std::time::Instant::now();
+            if let Some(l) = self.last {
+                self.acc[phase] += (now - l).as_secs_f64();
+            }
+            self.last = Some(now);
+        }
+    }
+}
+
+
+/// Scratch buffers reused across steps (grown, never shrunk).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    pub(crate) prof: Prof,
+    pub(crate) x: Vec<f32>,
+    pub(crate) xn: Vec<f32>,
+    pub(crate) qkv: Vec<f32>,
+    pub(crate) q: Vec<f32>,
+    pub(crate) att: Vec<f32>,
+    pub(crate) tmp: Vec<f32>,
+    pub(crate) part: Vec<f32>,
+    pub(crate) gu: Vec<f32>,
+    pub(crate) act: Vec<f32>,
+    pub(crate) xs: Vec<f32>,
+    pub(crate) logits: Vec<f32>,
+    /// Absolute position of each token.
+    pub(crate) pos: Vec<usize>,
+    /// Slot (block * block_size + offset) of each token.
+    pub(crate) slot: Vec<usize>,
+    /// Offset of each sequence's first token in the activation matrix.
+    pub(crate) seq_off: Vec<usize>,
+    /// Activation row of each sampled chunk, in batch order.
+    pub(crate) sample_rows: Vec<usize>,
+    /// Attention tasks: (sequence, first token, end token) within the sequence.
+    pub(crate) tasks: Vec<(usize, usize, usize)>,
+}
+
+
+/// Runs a llama-family model over the core's paged KV blocks.
+pub struct LlamaExecutor {
+    w: Arc<LlamaWeights>,
+    fingerprint: [u8; 32],
+    cfg: ExecutorConfig,
+    pool: ThreadPool,
+    arena: Arena,
+    s: Scratch,
+    sampler: SamplerScratch,
+    /// `inv_freq[i]` for the rotary pairs.
+    inv_freq: Vec<f32>,
+    /// `[pos][rope_dim/2]` cos and sin, grown on demand.
+    rope_cos: Vec<f32>,
+    rope_sin: Vec<f32>,
+    rope_len: usize,
+    eos: Vec<TokenId>,
+    rng: u64,
+}
+
+/// Tokens per attention task when a sequence's chunk is split for parallelism.
+const ATTN_TASK_TOKENS: usize = 16;
+
+impl LlamaExecutor {
+    pub fn new(
+        w: Arc<LlamaWeights>,
+        fingerprint: [u8; 32],
+        cfg: ExecutorConfig,
+        pool: ThreadPool,
+    ) -> Result<Self, ModelError> {
+        let c = &w.config;
+        if cfg.block_size == 0 || cfg.num_blocks == 0 {
+            return Err(ModelError::Config(format!(
+                "block_size {} and num_blocks {} must be positive",
+                cfg.block_size, cfg.num_blocks
+            )));
+        }
+        let elems = cfg
+            .num_blocks
+            .checked_mul(cfg.block_size)
+            .and_then(|x| x.checked_mul(c.n_kv_heads * c.head_dim))
+            .ok_or_else(|| ModelError::Config("KV arena size overflows".into()))?;
+        let arena = match cfg.kv_dtype {
+            KvDtype::F32 => Arena::F32(new_layers(c.n_layers, elems)),
+            KvDtype::F16 => Arena::F16(new_layers(c.n_layers, elems)),
+        };
+        let half = c.rope_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1f32 / c.rope_theta.powf((2 * i) as f32 / c.rope_dim as f32))
+            .collect();
+        if let Some(ff) = &w.rope_freqs {
+            for (f, d) in inv_freq.iter_mut().zip(ff) {
+                *f /= *d;
+            }
+        }
+        let rng = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0),
+            );
+            h.finish()
+        };
+        Ok(LlamaExecutor {
+            w,
+            fingerprint,
+            cfg,
+            pool,
+            arena,
+            s: Scratch::default(),
+            sampler: SamplerScratch::default(),
+            inv_freq,
+            rope_cos: Vec::new(),
+            rope_sin: Vec::new(),
+            rope_len: 0,
+            eos: Vec::new(),
+            rng,
+        })
+    }
+
+    /// Turns per-phase timing on or off (off by default; resets the totals).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.s.prof = Prof {
+            on,
+            ..Prof::default()
+        };
+    }
+
+    /// Seconds spent per phase since profiling was enabled, named by [`PROFILE_PHASES`].
+    pub fn profile(&self) -> Vec<(&'static str, f64)> {
+        PROFILE_PHASES
+            .iter()
+            .copied()
+            .zip(self.s.prof.acc.iter().copied())
+            .collect()
+    }
+
+    /// EOS tokens masked while a request has fewer than `min_tokens` outputs.
+    pub fn set_eos_token_ids(&mut self, ids: Vec<TokenId>) {
+        self.eos = ids;
+    }
+
+    pub fn config(&self) -> &ExecutorConfig {
+        &self.cfg
+    }
+
+    pub fn weights(&self) -> &Arc<LlamaWeights> {
+        &self.w
+    }
+
+    /// Bytes held by the KV arena.
+    /// Elements of one block in one layer's K (or V).
+    fn block_elems(&self) -> usize {
+        let c = &self.w.config;
+        self.cfg.block_size * c.n_kv_heads * c.head_dim
+    }
+
+    pub fn kv_cache_bytes(&self) -> u64 {
+        self.w.config.kv_bytes_per_token(self.cfg.kv_dtype)
+            * (self.cfg.num_blocks * self.cfg.block_size) as u64
+    }
+
+    /// Runs the forward and returns the logits of the rows that would be sampled (chunks with
+    /// `sample` set), in batch order. A test and debugging hook.
+    pub fn execute_logits(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Vec<f32>>, ModelError> {
+        let n = self.forward(batch)?;
+        let v = self.w.config.vocab_size;
+        Ok((0..n)
+            .map(|i| self.s.logits[i * v..(i + 1) * v].to_vec())
+            .collect())
+    }
+
+    fn validate(&self, batch: &ExecBatch<'_>) -> Result<(), ModelError> {
+        let vocab = self.w.config.vocab_size;
+        let bs = self.cfg.block_size;
+        for (i, seq) in batch.seqs.iter().enumerate() {
+            if seq.tokens.is_empty() {
+                if seq.sample.is_some() {
+                    return Err(ModelError::Batch(format!(
+                        "seq {i}: sample requested for an empty chunk"
+                    )));
+                }
+                continue;
+            }
+            if let Some(&t) = seq.tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: token {t} outside the vocabulary ({vocab})"
+                )));
+            }
+            let end = seq.start_pos + seq.tokens.len();
+            let need = end.div_ceil(bs);
+            if seq.block_table.len() < need {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: block table has {} blocks, {need} needed for {end} positions",
+                    seq.block_table.len()
+                )));
+            }
+            if let Some(&b) = seq.block_table[..need]
+                .iter()
+                .find(|&&b| b as usize >= self.cfg.num_blocks)
+            {
+                return Err(ModelError::Batch(format!(
+                    "seq {i}: block id {b} outside the arena ({})",
+                    self.cfg.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn ensure_rope(&mut self, max_pos: usize) {
+        if max_pos < self.rope_len {
+            return;
+        }
+        let new_len = (max_pos + 1).next_power_of_two().max(256);
+        let half = self.inv_freq.len();
+        self.rope_cos.resize(new_len * half, 0.0);
+        self.rope_sin.resize(new_len * half, 0.0);
+        for p in self.rope_len..new_len {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let a = p as f32 * f;
+                self.rope_cos[p * half + i] = a.cos();
+                self.rope_sin[p * half + i] = a.sin();
+            }
+        }
+        self.rope_len = new_len;
+    }
+
+    /// The batched forward. Leaves `[S][vocab]` logits in `self.s.logits` for the S sampled
+    /// chunks and returns S.
+    fn forward(&mut self, batch: &ExecBatch<'_>) -> Result<usize, ModelError> {
+        self.validate(batch)?;
+        let block_elems = self.block_elems();
+        for load in &batch.loads {
+            if load.block as usize >= self.cfg.num_blocks {
+                return Err(ModelError::Batch(format!(
+                    "load into block {} outside the arena ({})",
+                    load.block, self.cfg.num_blocks
+                )));
+            }
+            self.arena
+                .load_block(load.block, block_elems, load.data)
+                .map_err(|e| ModelError::Batch(e.to_string()))?;
+        }
+        let t_total = batch.num_tokens();
+        let max_pos = batch
+            .seqs
+            .iter()
+            .map(|s| (s.start_pos + s.tokens.len()).saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        self.ensure_rope(max_pos);
+        let bs = self.cfg.block_size;
+        let s = &mut self.s;
+        s.pos.clear();
+        s.slot.clear();
+        s.seq_off.clear();
+        s.sample_rows.clear();
+        s.tasks.clear();
+        for (si, seq) in batch.seqs.iter().enumerate() {
+            s.seq_off.push(s.pos.len());
+            for i in 0..seq.tokens.len() {
+                let p = seq.start_pos + i;
+                s.pos.push(p);
+                s.slot.push(seq.block_table[p / bs] as usize * bs + p % bs);
+            }
+            if seq.sample.is_some() {
+                s.sample_rows.push(s.pos.len() - 1);
+            }
+            let n = seq.tokens.len();
+            let mut a = 0;
+            while a < n {
+                let e = (a + ATTN_TASK_TOKENS).min(n);
+                s.tasks.push((si, a, e));
+                a = e;
+            }
+        }
+        if t_total == 0 {
+            return Ok(0);
+        }
+        match &mut self.arena {
+            Arena::F32(layers) => forward_impl(
+                &self.w,
+                &self.pool,
+                layers,
+                s,
+                batch,
+                &self.rope_cos,
+                &self.rope_sin,
+                bs,
+            ),
+            Arena::F16(layers) => forward_impl(
+                &self.w,
+                &self.pool,
+                layers,
+                s,
+                batch,
+                &self.rope_cos,
+                &self.rope_sin,
+                bs,
+            ),
+        }
+        Ok(self.s.sample_rows.len())
+    }
+}
+
+impl Executor for LlamaExecutor {
+    fn model_fingerprint(&self) -> [u8; 32] {
+        self.fingerprint
+    }
+
+    fn kv_layout(&self) -> String {
+        let c = &self.w.config;
+        format!(
+            "{}:L{}:KV{}:D{}",
+            self.cfg.kv_dtype.as_str(),
+            c.n_layers,
+            c.n_kv_heads,
+            c.head_dim
+        )
+    }
+
+    fn block_bytes(&self) -> usize {
+        self.arena.block_bytes(self.block_elems())
+    }
+
+    fn save_block(&self, block: BlockId, out: &mut Vec<u8>) -> Result<(), ExecError> {
+        if block as usize >= self.cfg.num_blocks {
+            return Err(ExecError::Failed(format!(
+                "block {block} outside the arena ({})",
+                self.cfg.num_blocks
+            )));
+        }
+        self.arena.save_block(block, self.block_elems(), out);
+        Ok(())
+    }
+
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+        self.forward(batch)?;
+        self.s.prof.start();
+        let v = self.w.config.vocab_size;
+        let mut out = Vec::with_capacity(batch.seqs.len());
+        let mut row = 0;
+        for seq in &batch.seqs {
+            match &seq.sample {
+                Some(spec) => {
+                    self.rng = sampling::splitmix64(self.rng);
+                    let inp = SampleInput {
+                        params: spec.params,
+                        prompt: spec.prompt,
+                        output: spec.output,
+                        eos_token_ids: &self.eos,
+                        fallback_seed: self.rng,
+                    };
+                    let logits = &self.s.logits[row * v..(row + 1) * v];
+                    out.push(Some(sampling::sample(logits, &inp, &mut self.sampler)));
+                    row += 1;
+                }
+                None => out.push(None),
+            }
+        }
+        self.s.prof.mark(7);
+        Ok(out)
+    }
+}
