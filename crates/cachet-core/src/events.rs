@@ -21,7 +21,8 @@ use crate::TokenId;
 pub enum Medium {
     /// The engine's own block pool.
     Gpu,
-    /// The host-memory tier.
+    /// The host-memory tier (`"CPU"`, as vLLM's CPU offloading names it; Dynamo 1.6 counts it
+    /// as host-pinned reach, not as held by the engine).
     Cpu,
     /// A shared external store (Redis).
     External,
@@ -91,8 +92,10 @@ impl EventBatch {
     }
 }
 
-/// The 64-bit integer form of a block hash used on the wire (as vLLM's integer hashes): the
-/// hash's low 64 bits, i.e. its last eight bytes read big-endian.
+/// The 64-bit integer form of a block hash used on the wire, as vLLM's
+/// `maybe_convert_block_hash` makes it (`int.from_bytes(hash, "big") & (2**64 - 1)`): the
+/// hash's low 64 bits, i.e. its last eight bytes read big-endian. msgpack carries it as an
+/// unsigned integer (uint64 from 2^63 up), which Dynamo's decoder accepts.
 pub fn wire_hash(hash: &BlockHash) -> u64 {
     let mut w = [0u8; 8];
     w.copy_from_slice(&hash.0[24..32]);

@@ -452,3 +452,37 @@ async fn a_subscriber_that_never_reads_does_not_slow_publishing() {
     wait_sent(&p, 2000);
     assert_eq!(p.dropped(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_without_a_wildcard_connects_to_a_bound_subscriber() {
+    // vLLM's rule: no `*` in the endpoint means connect ("bind stable, connect volatile"), e.g.
+    // to a router that binds its SUB socket.
+    let mut sub = zeromq::SubSocket::new();
+    sub.subscribe("").await.unwrap();
+    let bound = sub.bind("tcp://127.0.0.1:0").await.unwrap().to_string();
+    let cfg = KvEventsConfig {
+        enable_kv_cache_events: true,
+        publisher: PublisherKind::Zmq,
+        endpoint: bound,
+        ..KvEventsConfig::default()
+    };
+    let p = ZmqPublisher::start(&cfg).unwrap();
+    assert_eq!(p.bound_endpoint(), None);
+    assert_eq!(p.replay_endpoint(), None);
+    let batch = Arc::new(script().remove(3));
+    let want = expected_map().remove(3);
+    // Batches published before the connection and subscription are up are lost (PUB
+    // semantics); keep publishing until one arrives.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        p.publish(batch.clone());
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(50), sub.recv()).await {
+            break m.unwrap().into_vec();
+        }
+        assert!(std::time::Instant::now() < deadline, "nothing arrived");
+    };
+    assert_eq!(m.len(), 3);
+    assert!(m[0].is_empty(), "default topic is empty");
+    assert!(seq_of(&m[1]) >= 0);
+    assert_eq!(&m[2][..], &want[..]);
+}
