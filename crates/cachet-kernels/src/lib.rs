@@ -1,22 +1,26 @@
 //! cachet-kernels: the hot CPU kernels of the cachet serving engine.
 //!
-//! * [`quant`]: GGUF/ggml block formats (bit-exact), load-time repacking and quantized
-//!   matrix multiplication ([`QMatrix::matmul`]): activations are quantized to int8 blocks
-//!   once per call, weights are repacked into 16-row interleaved groups, and the kernels
-//!   accumulate exact int32 dot products (`vpdpbusd` with AVX-512 VNNI, `vpmaddubsw` with
-//!   AVX2, plain Rust otherwise). The same micro-kernel serves decode (m = 1..4) and
-//!   batched prefill (tiles of 4 activation rows × 32 weight rows).
-//! * `amx` (x86-64): with AMX tiles, matmuls of 8 or more activation rows compute each
-//!   weight block as a `tdpbsud` tile product on the same packed layout, bit-identical to
-//!   the AVX-512 VNNI kernel. The tile instructions sit behind a small trait with a
-//!   software model, so the kernel is tested on CPUs without AMX as well.
-//! * [`attention`]: paged attention over a KV block arena, reading K/V in place through the
-//!   block table, chunked online softmax, one K/V read per GQA group, f16 or f32 KV.
-//!   [`attention::paged_attention_parallel`] splits (token, kv head) items, and long
-//!   contexts into merged segments (flash-decoding), over a pool.
-//! * [`act`]: element-wise activations (SwiGLU) with the same ISA dispatch.
-//! * [`pool`]: a persistent thread pool (spawned once; the caller participates).
-//! * [`isa`]: run-time CPU feature dispatch (`CACHET_ISA=scalar|avx2|avx512|amx` caps it).
+//! The crate is built in layers; a module imports only from the layers below it (a test,
+//! `tests/layers.rs`, checks it):
+//!
+//! 1. **Bottom** — [`isa`] (run-time CPU feature dispatch, `CACHET_ISA=scalar|avx2|avx512|amx`
+//!    caps it; the AMX tile primitives and their software model), [`pool`] (a persistent
+//!    thread pool, spawned once; the caller participates), the error type and small utilities.
+//! 2. **Formats** — [`formats`]: the ggml block layouts (bit-exact), dequantization and
+//!    reference quantizers, the packed layout every matmul kernel reads (16-row interleaved
+//!    groups, 4 consecutive codes of 16 rows per 64 bytes), quantized activations, and the
+//!    KV arena layout.
+//! 3. **Micro-kernels** — `micro`: one module per level (scalar reference, AVX2, AVX-512
+//!    VNNI, AMX tiles), each depending only on the formats and the ISA primitives.
+//! 4. **Drivers** — [`QMatrix::matmul`] (activations quantized to int8 once per call, the
+//!    matmul cut into (weight groups × activation-row tiles) pool tasks; the same
+//!    micro-kernel serves decode and batched prefill; AMX tiles for 8+ activation rows,
+//!    bit-identical to VNNI), [`attention`] (paged attention over the block arena, chunked
+//!    online softmax, one K/V read per GQA group, f16 or f32 KV; [`attention::paged_attention_parallel`]
+//!    splits (token, kv head) items, and long contexts into merged segments, over a pool),
+//!    and [`act`] (SwiGLU).
+//!
+//! [`quant`] re-exports the formats and [`QMatrix`] under the crate's historical path.
 //!
 //! Typical use:
 //! ```
@@ -36,15 +40,20 @@
 
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 
-pub mod act;
-#[cfg(target_arch = "x86_64")]
-mod amx;
-pub mod attention;
+// Bottom layer.
+mod error;
 pub mod isa;
 pub mod pool;
+mod util;
+// Formats.
+pub mod formats;
+// Micro-kernels.
+mod micro;
+// Drivers (public entry points).
+mod drivers;
+pub use drivers::{act, attention};
 pub mod quant;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
+pub use error::KernelError;
 pub use pool::ThreadPool;
-pub use quant::{KernelError, QMatrix, WeightType};
+pub use quant::{QMatrix, WeightType};

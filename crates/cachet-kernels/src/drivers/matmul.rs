@@ -1,0 +1,448 @@
+//! The matmul driver: [`QMatrix`] (construction repacks the GGUF bytes into the packed
+//! layout of `crate::formats::packed`), activation quantization, and the split of a matmul
+//! into pool tasks that run the active level's micro-kernel (`crate::micro`).
+
+use half::f16;
+
+use super::grid::TaskGrid;
+use crate::error::KernelError;
+use crate::formats::act::QAct;
+use crate::formats::packed::{PFmt, Packed, GROUP};
+use crate::formats::quantize::quantize_row;
+use crate::formats::WeightType;
+#[cfg(target_arch = "x86_64")]
+use crate::isa::amx::{Hw, Tiles};
+use crate::isa::{self, Isa};
+#[cfg(target_arch = "x86_64")]
+use crate::micro::amx;
+use crate::micro::{self, TileJob, MR};
+use crate::pool::ThreadPool;
+use crate::util::SendPtr;
+
+thread_local! {
+    static ACT: std::cell::RefCell<QAct> = std::cell::RefCell::new(QAct::default());
+}
+
+enum Repr {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Packed(Packed),
+}
+
+/// A weight matrix of `rows` output features × `cols` input features, repacked at load time.
+pub struct QMatrix {
+    ty: WeightType,
+    rows: usize,
+    cols: usize,
+    repr: Repr,
+}
+
+impl std::fmt::Debug for QMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .finish()
+    }
+}
+impl QMatrix {
+    /// `data` = the raw GGUF tensor bytes; GGUF dims are `[cols, rows]` (ne0 = cols).
+    pub fn from_gguf_bytes(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        data: &[u8],
+    ) -> Result<QMatrix, KernelError> {
+        if rows == 0 || cols == 0 {
+            return Err(KernelError::InvalidShape(format!(
+                "empty matrix {rows}x{cols}"
+            )));
+        }
+        let bl = ty.block_len();
+        if !cols.is_multiple_of(bl) {
+            return Err(KernelError::InvalidShape(format!(
+                "cols {cols} is not a multiple of the {ty:?} block length {bl}"
+            )));
+        }
+        let expected = rows
+            .checked_mul(ty.row_bytes(cols))
+            .ok_or_else(|| KernelError::InvalidShape(format!("{rows}x{cols} overflows")))?;
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                what: "tensor bytes",
+                expected,
+                got: data.len(),
+            });
+        }
+        let repr = match ty {
+            WeightType::F32 => Repr::F32(
+                data.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            WeightType::F16 => Repr::F16(
+                data.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            ),
+            _ => {
+                let fmt =
+                    PFmt::of(ty).ok_or_else(|| KernelError::UnsupportedType(format!("{ty:?}")))?;
+                Repr::Packed(Packed::build(ty, fmt, rows, cols, data))
+            }
+        };
+        Ok(QMatrix {
+            ty,
+            rows,
+            cols,
+            repr,
+        })
+    }
+
+    /// Quantize a row-major f32 matrix (`rows x cols`) with the reference quantizers.
+    pub fn quantize_f32(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        w: &[f32],
+    ) -> Result<QMatrix, KernelError> {
+        if w.len() != rows * cols {
+            return Err(KernelError::SizeMismatch {
+                what: "f32 weights",
+                expected: rows * cols,
+                got: w.len(),
+            });
+        }
+        if !cols.is_multiple_of(ty.block_len()) || cols == 0 {
+            return Err(KernelError::InvalidShape(format!("cols {cols} for {ty:?}")));
+        }
+        let mut bytes = Vec::with_capacity(rows * ty.row_bytes(cols));
+        for r in w.chunks(cols) {
+            bytes.extend_from_slice(&quantize_row(ty, r)?);
+        }
+        QMatrix::from_gguf_bytes(ty, rows, cols, &bytes)
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn weight_type(&self) -> WeightType {
+        self.ty
+    }
+
+    /// The repacked weights, for quantized types.
+    #[cfg(test)]
+    pub(crate) fn packed(&self) -> Option<&Packed> {
+        match &self.repr {
+            Repr::Packed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Bytes of weight data the kernels stream per full pass (after repacking).
+    pub fn storage_bytes(&self) -> usize {
+        match &self.repr {
+            Repr::F32(v) => v.len() * 4,
+            Repr::F16(v) => v.len() * 2,
+            Repr::Packed(p) => p.len,
+        }
+    }
+
+    /// Dequantize one row (for embedding lookup) into `out[..cols]`.
+    /// Panics if `row >= rows` or `out.len() < cols`.
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        assert!(
+            row < self.rows,
+            "row {row} out of range ({} rows)",
+            self.rows
+        );
+        let out = &mut out[..self.cols];
+        match &self.repr {
+            Repr::F32(v) => out.copy_from_slice(&v[row * self.cols..(row + 1) * self.cols]),
+            Repr::F16(v) => {
+                for (o, h) in out
+                    .iter_mut()
+                    .zip(&v[row * self.cols..(row + 1) * self.cols])
+                {
+                    *o = h.to_f32();
+                }
+            }
+            Repr::Packed(p) => p.dequantize_row(row, out),
+        }
+    }
+
+    /// `y[m][rows] = x[m][cols] · Wᵀ` (row-major f32), parallel over `pool`.
+    /// Panics if `x.len() < m * cols` or `y.len() < m * rows`; see [`QMatrix::try_matmul`].
+    pub fn matmul(&self, pool: &ThreadPool, x: &[f32], m: usize, y: &mut [f32]) {
+        if let Err(e) = self.try_matmul(pool, x, m, y) {
+            panic!("QMatrix::matmul: {e}");
+        }
+    }
+
+    /// Like [`QMatrix::matmul`] but reports bad sizes as errors.
+    pub fn try_matmul(
+        &self,
+        pool: &ThreadPool,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        if x.len() < m * self.cols {
+            return Err(KernelError::SizeMismatch {
+                what: "x",
+                expected: m * self.cols,
+                got: x.len(),
+            });
+        }
+        if y.len() < m * self.rows {
+            return Err(KernelError::SizeMismatch {
+                what: "y",
+                expected: m * self.rows,
+                got: y.len(),
+            });
+        }
+        if m == 0 {
+            return Ok(());
+        }
+        let isa = isa::active();
+        match &self.repr {
+            Repr::F32(w) => self.matmul_float(pool, isa, x, m, y, |r, buf| {
+                buf.copy_from_slice(&w[r * self.cols..(r + 1) * self.cols])
+            }),
+            Repr::F16(w) => self.matmul_float(pool, isa, x, m, y, |r, buf| {
+                for (o, h) in buf.iter_mut().zip(&w[r * self.cols..(r + 1) * self.cols]) {
+                    *o = h.to_f32();
+                }
+            }),
+            Repr::Packed(p) => ACT.with(|a| {
+                let mut a = a.borrow_mut();
+                quantize_act(isa, pool, x, m, self.cols, p.fmt.bk(), &mut a);
+                matmul_packed(isa, pool, p, self.rows, &a, m, y);
+            }),
+        }
+        Ok(())
+    }
+
+    fn matmul_float(
+        &self,
+        pool: &ThreadPool,
+        isa: Isa,
+        x: &[f32],
+        m: usize,
+        y: &mut [f32],
+        load_row: impl Fn(usize, &mut [f32]) + Sync,
+    ) {
+        let (rows, cols) = (self.rows, self.cols);
+        let chunk = 16usize;
+        let n_tasks = rows.div_ceil(chunk);
+        let yp = SendPtr(y.as_mut_ptr());
+        pool.parallel_for(n_tasks, &|t| {
+            let mut buf = vec![0f32; cols];
+            for r in t * chunk..((t + 1) * chunk).min(rows) {
+                load_row(r, &mut buf);
+                for i in 0..m {
+                    let v = micro::dot_f32(isa, &x[i * cols..(i + 1) * cols], &buf);
+                    // SAFETY: element (i, r) is written by exactly one task (the one owning r).
+                    unsafe { *yp.get().add(i * rows + r) = v };
+                }
+            }
+        });
+    }
+}
+
+/// Quantize the `m` rows of `x` into `a` (rows in parallel when there are many).
+pub(crate) fn quantize_act(
+    isa: Isa,
+    pool: &ThreadPool,
+    x: &[f32],
+    m: usize,
+    cols: usize,
+    bk: usize,
+    a: &mut QAct,
+) {
+    a.prepare(m, cols, bk);
+    let nb = a.nb;
+    let qp = SendPtr(a.q.as_mut_ptr());
+    let dp = SendPtr(a.d.as_mut_ptr());
+    let sp = SendPtr(a.s.as_mut_ptr());
+    let run = |i: usize| {
+        // SAFETY: each task writes a disjoint row `i` of the three buffers, which were sized
+        // for `m` rows by `prepare`.
+        let (q, d, s) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(qp.get().add(i * cols), cols),
+                std::slice::from_raw_parts_mut(dp.get().add(i * nb), nb),
+                std::slice::from_raw_parts_mut(sp.get().add(i * nb), nb),
+            )
+        };
+        let xr = &x[i * cols..(i + 1) * cols];
+        micro::quantize_act_row(isa, xr, bk, q, d, s);
+    };
+    if m >= 8 && pool.n_threads() > 1 {
+        pool.parallel_for(m, &run);
+    } else {
+        for i in 0..m {
+            run(i);
+        }
+    }
+}
+
+/// Tile driver: splits (group pairs × row tiles) into pool tasks and calls the ISA kernel.
+pub(crate) fn matmul_packed(
+    isa: Isa,
+    pool: &ThreadPool,
+    p: &Packed,
+    rows: usize,
+    a: &QAct,
+    m: usize,
+    y: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && m >= amx::MIN_M {
+        matmul_amx_with::<Hw>(pool, p, rows, a, m, y);
+        return;
+    }
+    let n_pairs = p.n_groups.div_ceil(2);
+    let grid = TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads());
+    let yp = SendPtr(y.as_mut_ptr());
+    let run = |task: usize| {
+        let (pairs, tiles) = grid.ranges(task);
+        for pair in pairs {
+            let g0 = pair * 2;
+            let ng = (p.n_groups - g0).min(2);
+            let r0 = g0 * GROUP;
+            let nvalid = (rows - r0).min(ng * GROUP);
+            for tile in tiles.clone() {
+                let i0 = tile * MR;
+                let mr = (m - i0).min(MR);
+                let job = TileJob {
+                    p,
+                    g0,
+                    ng,
+                    a,
+                    i0,
+                    mr,
+                    y: yp,
+                    ystride: rows,
+                    r0,
+                    nvalid,
+                };
+                micro::run_tile(isa, &job);
+            }
+        }
+    };
+    pool.parallel_for(grid.tasks(), &run);
+}
+
+/// `y[m][rows] = x · Wᵀ` on AMX tiles (`T`: the hardware, or its model in the tests): splits
+/// (weight-group chunks × activation-row ranges) into pool tasks and runs the tile kernel on
+/// each, with a fresh `T` per task. `y` holds `m × rows` floats (checked by
+/// `QMatrix::try_matmul`); `a` was quantized with the packed format's block size.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn matmul_amx_with<T: Tiles + Default>(
+    pool: &ThreadPool,
+    p: &Packed,
+    rows: usize,
+    a: &QAct,
+    m: usize,
+    y: &mut [f32],
+) {
+    assert!(y.len() >= m * rows && a.q.len() >= m * a.cols && a.nb == p.nb);
+    let grid = TaskGrid::new(p.n_groups, m.div_ceil(amx::TM), pool.n_threads());
+    let yp = SendPtr(y.as_mut_ptr());
+    pool.parallel_for(grid.tasks(), &|task| {
+        let (groups, tiles) = grid.ranges(task);
+        if groups.is_empty() || tiles.is_empty() {
+            return;
+        }
+        let job = amx::Job {
+            p,
+            a,
+            rows,
+            y: yp,
+            g0: groups.start,
+            g1: groups.end,
+            i0: tiles.start * amx::TM,
+            i1: (tiles.end * amx::TM).min(m),
+        };
+        let mut unit = T::default();
+        // SAFETY: AVX-512 is present wherever this runs (the AMX level implies it, and the
+        // tests only call it after checking); the job's ranges lie inside `p`, `a` and `y`
+        // (asserted above), and tasks write disjoint (row range × group range) parts of `y`.
+        unsafe { amx::run_job(&mut unit, &job) };
+    });
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+    use crate::isa::amx::{Emu, Hw};
+    use crate::isa::{self, Isa};
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+    }
+
+    /// The model against a hand-computed product: row m of A is all `m - 8` (signed), row k
+    /// of B holds `n` in every byte of column n, so C[m][n] = Σ_k 4 · (m - 8) · n over K/4
+    /// rows = 16 · 4 · (m - 8) · n for K = 64.
+    /// The tile kernel (on the model, and on the hardware where present) against the AVX-512
+    /// VNNI kernel: the same integer sums and the same float operations, so the outputs must
+    /// be bit-identical, including tails (rows not a multiple of 16, m not a multiple of 16).
+    #[test]
+    fn amx_tile_kernel_is_bit_identical_to_vnni() {
+        if isa::detected() < Isa::Avx512 {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let pool = ThreadPool::new(3);
+        let types = [
+            WeightType::Q4_0,
+            WeightType::Q4_1,
+            WeightType::Q8_0,
+            WeightType::Q4K,
+            WeightType::Q6K,
+        ];
+        for (ti, ty) in types.into_iter().enumerate() {
+            let kq = matches!(ty, WeightType::Q4K | WeightType::Q6K);
+            let shapes: &[(usize, usize)] = if kq {
+                &[(1, 256), (19, 512), (40, 256)]
+            } else {
+                &[(1, 32), (17, 96), (50, 576), (33, 1536), (200, 64)]
+            };
+            for &(rows, cols) in shapes {
+                let w = rand_vec((ti * 1000 + rows) as u64, rows * cols);
+                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+                let p = mat.packed().expect("quantized types are packed");
+                for m in [8, 16, 17, 33, 50] {
+                    let mut x = rand_vec((rows * cols + m) as u64, m * cols);
+                    x[cols..2 * cols].iter_mut().for_each(|v| *v *= 30.0);
+                    let mut act = QAct::default();
+                    quantize_act(Isa::Avx512, &pool, &x, m, cols, p.fmt.bk(), &mut act);
+                    let mut want = vec![f32::NAN; m * rows + 5];
+                    matmul_packed(Isa::Avx512, &pool, p, rows, &act, m, &mut want);
+                    let mut got = vec![f32::NAN; m * rows + 5];
+                    matmul_amx_with::<Emu>(&pool, p, rows, &act, m, &mut got);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&got),
+                        bits(&want),
+                        "{ty:?} {rows}x{cols} m={m} (model)"
+                    );
+                    if isa::detected() == Isa::Amx {
+                        let mut hw = vec![f32::NAN; m * rows + 5];
+                        matmul_amx_with::<Hw>(&pool, p, rows, &act, m, &mut hw);
+                        assert_eq!(bits(&hw), bits(&want), "{ty:?} {rows}x{cols} m={m} (AMX)");
+                    }
+                }
+            }
+        }
+    }
+}

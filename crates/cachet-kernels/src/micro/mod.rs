@@ -1,0 +1,338 @@
+//! Micro-kernels: one module per instruction-set level, each depending only on the formats
+//! (`crate::formats`) and the ISA primitives (`crate::isa`), never on the drivers above.
+//!
+//! * [`scalar`]: the portable reference of every kernel (any CPU; the tests compare every
+//!   other level with it).
+//! * `avx2`: AVX2 + FMA + F16C (x86-64-v3).
+//! * `avx512`: AVX-512 F/BW/VL/DQ with VNNI (`vpdpbusd`).
+//! * `amx`: AMX tiles (`tdpbsud`), with the AVX-512 block fold of `avx512`, for matmuls of 8+
+//!   activation rows.
+//!
+//! This module holds the contracts between the drivers and the kernels (the tile job, the
+//! attention context) and the per-call dispatch on the active [`Isa`]. Every
+//! `#[target_feature]` function is only called after the corresponding level was detected
+//! (callers pass `isa::active()`, which never exceeds `isa::detected()`).
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+pub(crate) mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+use std::any::TypeId;
+
+use crate::formats::act::QAct;
+#[cfg(target_arch = "x86_64")]
+use crate::formats::kv::{KvElem, PagedAttnArgs};
+use crate::formats::packed::Packed;
+#[cfg(target_arch = "x86_64")]
+use crate::formats::packed::{PFmt, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0};
+use crate::isa::Isa;
+use crate::util::SendPtr;
+#[cfg(target_arch = "x86_64")]
+use avx2::{attn_avx2, tile_avx2};
+#[cfg(target_arch = "x86_64")]
+use avx512::{attn_512, tile_512};
+
+/// Activation-row tile (rows of `x` per micro-kernel call).
+pub(crate) const MR: usize = 4;
+
+/// Positions processed per softmax chunk.
+pub(crate) const CHUNK: usize = 32;
+
+// ------------------------------------------------------------------ quantized matmul tiles
+
+/// One micro-kernel invocation: rows `r0..r0+nvalid` (groups g0..g0+ng) × x rows i0..i0+mr.
+pub(crate) struct TileJob<'a> {
+    pub(crate) p: &'a Packed,
+    pub(crate) g0: usize,
+    pub(crate) ng: usize,
+    pub(crate) a: &'a QAct,
+    pub(crate) i0: usize,
+    pub(crate) mr: usize,
+    pub(crate) y: SendPtr<f32>,
+    pub(crate) ystride: usize,
+    pub(crate) r0: usize,
+    pub(crate) nvalid: usize,
+}
+
+/// Run one tile on the best kernel for `isa`.
+pub(crate) fn run_tile(isa: Isa, job: &TileJob) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        run_tile_x86(isa, job);
+        return;
+    }
+    let _ = isa;
+    scalar::tile(job);
+}
+
+/// The x86 kernels of one tile, by format and tile shape.
+#[cfg(target_arch = "x86_64")]
+fn run_tile_x86(isa: Isa, job: &TileJob) {
+    macro_rules! go {
+        ($kern:ident, $F:ty) => {
+            // SAFETY: the kernel's target features were detected (isa <= detected()), and the
+            // job's pointers/extents were validated by the tile driver.
+            unsafe {
+                match (job.mr, job.ng) {
+                    (1, 1) => $kern::<$F, 1, 1>(job),
+                    (1, _) => $kern::<$F, 1, 2>(job),
+                    (2, 1) => $kern::<$F, 2, 1>(job),
+                    (2, _) => $kern::<$F, 2, 2>(job),
+                    (3, 1) => $kern::<$F, 3, 1>(job),
+                    (3, _) => $kern::<$F, 3, 2>(job),
+                    (_, 1) => $kern::<$F, 4, 1>(job),
+                    (_, _) => $kern::<$F, 4, 2>(job),
+                }
+            }
+        };
+    }
+    macro_rules! by_fmt {
+        ($kern:ident) => {
+            match job.p.fmt {
+                PFmt::Q4_0 => go!($kern, FQ4_0),
+                PFmt::Q4_1 => go!($kern, FQ4_1),
+                PFmt::Q8_0 => go!($kern, FQ8_0),
+                PFmt::Q4K => go!($kern, FQ4K),
+                PFmt::Q6K => go!($kern, FQ6K),
+            }
+        };
+    }
+    debug_assert!(job.mr >= 1 && job.mr <= MR && job.ng >= 1 && job.ng <= 2);
+    if isa >= Isa::Avx512 {
+        by_fmt!(tile_512)
+    } else {
+        by_fmt!(tile_avx2)
+    }
+}
+
+/// Quantize one row of activations into int8 blocks of `bk` (see [`QAct`]).
+pub(crate) fn quantize_act_row(
+    isa: Isa,
+    x: &[f32],
+    bk: usize,
+    q: &mut [i8],
+    d: &mut [f32],
+    s: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        debug_assert!(
+            x.len().is_multiple_of(bk)
+                && q.len() >= x.len()
+                && d.len() >= x.len() / bk
+                && s.len() >= x.len() / bk
+        );
+        if isa >= Isa::Avx512 && bk.is_multiple_of(16) {
+            // SAFETY: AVX-512 was detected (isa <= detected); slice bounds checked above.
+            unsafe { avx512::quantize_act_row_512(x, bk, q, d, s) }
+            return;
+        }
+    }
+    let _ = isa;
+    crate::formats::act::quantize_act_row_scalar(x, bk, q, d, s)
+}
+
+// ------------------------------------------------------------------ f32 dot, SwiGLU
+
+/// `Σ a_i b_i` over the shorter of the two slices.
+pub(crate) fn dot_f32(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let n = a.len().min(b.len());
+        return if isa >= Isa::Avx512 {
+            // SAFETY: AVX-512F detected; reads stay within n elements.
+            unsafe { avx512::dot_f32_512(a.as_ptr(), b.as_ptr(), n) }
+        } else {
+            // SAFETY: AVX2+FMA detected; reads stay within n elements.
+            unsafe { avx2::dot_f32_avx2(a.as_ptr(), b.as_ptr(), n) }
+        };
+    }
+    let _ = isa;
+    scalar::dot_f32(a, b)
+}
+
+/// SwiGLU `out[i] = silu(gate[i]) * up[i]` on the best vector unit (the caller checked that
+/// `gate` and `up` hold at least `out.len()` values).
+pub(crate) fn swiglu(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    debug_assert!(gate.len() >= out.len() && up.len() >= out.len());
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 && gate.len() >= out.len() && up.len() >= out.len() {
+        // SAFETY: the target features were detected (isa <= detected()); the lengths were
+        // checked above and every access is below `out.len()`.
+        unsafe {
+            if isa >= Isa::Avx512 {
+                avx512::swiglu_512(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len());
+            } else {
+                avx2::swiglu_avx2(gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), out.len());
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    scalar::swiglu(gate, up, out);
+}
+
+// ------------------------------------------------------------------ attention
+
+/// Element kind of the KV arena, resolved by type id (never by trusting a user impl).
+#[cfg(target_arch = "x86_64")]
+fn kv_kind<T: KvElem>() -> Option<bool> {
+    if TypeId::of::<T>() == TypeId::of::<f32>() {
+        Some(false)
+    } else if TypeId::of::<T>() == TypeId::of::<half::f16>() {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// SIMD attention for query tokens `t..t + nq` and the `ng` kv groups from `g`, in one pass
+/// over the positions (`ng > 1`, AVX-512 only: a decode token reads each position's K/V row
+/// of all heads at once, one sequential stream instead of one strided pass per group).
+/// `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns false if the
+/// shape is not handled (the caller then runs the portable version).
+#[allow(clippy::too_many_arguments)]
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn attend_groups<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    (t, nq): (usize, usize),
+    (g, ng): (usize, usize),
+    (p0, p1): (usize, usize),
+    part: &mut [f32],
+) -> bool {
+    let Some(is_f16) = kv_kind::<T>() else {
+        return false;
+    };
+    let hd = a.head_dim;
+    let gs = a.n_heads / a.n_kv_heads;
+    // Multi-token tiles and multi-group passes only in the AVX-512 kernel; at most 64 rows
+    // (tokens × heads).
+    if nq == 0
+        || ng == 0
+        || g + ng > a.n_kv_heads
+        || nq * gs * ng > 64
+        || ((nq > 1 || ng > 1) && isa < Isa::Avx512)
+    {
+        return false;
+    }
+    let row = a.n_kv_heads * hd;
+    if part.len() < nq * gs * ng * (hd + 2)
+        || p1 > a.start_pos + t + nq
+        || p0 > p1
+        || t + nq > a.n_tokens
+    {
+        return false;
+    }
+    // Row pointers are computed from the block table; bounds were checked by the caller
+    // (check_args: every block id < arena blocks, q/out long enough).
+    let kb = k.as_ptr() as *const u8;
+    let vb = v.as_ptr() as *const u8;
+    let esz = if is_f16 { 2 } else { 4 };
+    let qp = q.as_ptr().wrapping_add((t * a.n_heads + g * gs) * hd);
+    let op = part.as_mut_ptr();
+    let ctxs = AttnCtx {
+        kb,
+        vb,
+        table: a.block_table,
+        bs: a.block_size,
+        row_bytes: row * esz,
+        goff: g * hd * esz,
+        p0,
+        ctx: p1,
+        ctx0: a.start_pos + t + 1,
+        nq,
+        qstride: a.n_heads * hd,
+        gs,
+        ng,
+        hd,
+        scale: a.scale,
+        qp,
+        op,
+        is_f16,
+    };
+    macro_rules! run {
+        ($f:ident, $n:literal) => {
+            // SAFETY: the ISA level was detected; all row offsets come from a validated block
+            // table and q/out ranges were validated by check_args.
+            unsafe { $f::<$n>(&ctxs) }
+        };
+    }
+    if isa >= Isa::Avx512 {
+        match hd {
+            16 => run!(attn_512, 1),
+            32 => run!(attn_512, 2),
+            48 => run!(attn_512, 3),
+            64 => run!(attn_512, 4),
+            80 => run!(attn_512, 5),
+            96 => run!(attn_512, 6),
+            128 => run!(attn_512, 8),
+            256 => run!(attn_512, 16),
+            _ => return false,
+        }
+    } else {
+        match hd {
+            16 => run!(attn_avx2, 2),
+            32 => run!(attn_avx2, 4),
+            48 => run!(attn_avx2, 6),
+            64 => run!(attn_avx2, 8),
+            80 => run!(attn_avx2, 10),
+            96 => run!(attn_avx2, 12),
+            128 => run!(attn_avx2, 16),
+            _ => return false,
+        }
+    }
+    true
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct AttnCtx<'a> {
+    pub(crate) kb: *const u8,
+    pub(crate) vb: *const u8,
+    pub(crate) table: &'a [u32],
+    pub(crate) bs: usize,
+    pub(crate) row_bytes: usize,
+    pub(crate) goff: usize,
+    pub(crate) ctx: usize,
+    pub(crate) gs: usize,
+    pub(crate) hd: usize,
+    pub(crate) scale: f32,
+    pub(crate) qp: *const f32,
+    /// Partial output: per head `[m, l, acc[hd]]` (running max, sum, unnormalised P·V).
+    pub(crate) op: *mut f32,
+    pub(crate) p0: usize,
+    /// Context end (exclusive) of the first query token; token `i` of the tile ends at
+    /// `ctx0 + i` (causal), capped by `ctx`.
+    pub(crate) ctx0: usize,
+    /// Query tokens in the tile (rows = nq × gs × ng), and the q stride between tokens.
+    pub(crate) nq: usize,
+    /// Consecutive kv groups in this pass (their K/V rows are adjacent in a position's row).
+    pub(crate) ng: usize,
+    pub(crate) qstride: usize,
+    pub(crate) is_f16: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl AttnCtx<'_> {
+    /// Byte offsets (into K and V) of positions `c0..c0 + out.len()` for this group.
+    #[inline]
+    pub(crate) fn offsets(&self, c0: usize, out: &mut [usize]) {
+        let (mut blk, mut slot) = (c0 / self.bs, c0 % self.bs);
+        for o in out.iter_mut() {
+            *o = (self.table[blk] as usize * self.bs + slot) * self.row_bytes + self.goff;
+            slot += 1;
+            if slot == self.bs {
+                slot = 0;
+                blk += 1;
+            }
+        }
+    }
+}
