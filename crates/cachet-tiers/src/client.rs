@@ -324,9 +324,7 @@ impl TierClient {
         let rs = r.r.clone();
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         r.handle.spawn(async move {
-            let res = rs
-                .call(|mut c| async move { c.exists(&keys).await })
-                .await;
+            let res = rs.call(|mut c| async move { c.exists(&keys).await }).await;
             let _ = tx.send(res);
         });
         // The task bounds itself by the timeout; the margin covers a busy runtime.
@@ -470,7 +468,10 @@ impl TierClient {
             s.host_resident_blocks = h.len() as u64;
             s.host_evictions = h.evictions();
         }
-        s.redis_up = self.redis_up();
+        if let Some(r) = &self.inner.redis {
+            s.redis_up = r.r.health.is_up();
+            s.save_queue_len = (r.save_tx.max_capacity() - r.save_tx.capacity()) as u64;
+        }
         s
     }
 }
@@ -531,7 +532,9 @@ async fn redis_load(
                 shared.stats.load_failure(&e);
                 if e != LoadError::Missing {
                     let key = String::from_utf8_lossy(&rs.key(&hashes[i])).into_owned();
-                    shared.log.warn(refusal_kind(&e), &format_args!("{e} (key {key})"));
+                    shared
+                        .log
+                        .warn(refusal_kind(&e), &format_args!("{e} (key {key})"));
                 }
                 Err(e)
             }
@@ -701,9 +704,10 @@ async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&
             add_ns(&s.save_ns, t0.elapsed());
             if ok < m {
                 stats.save_failures.fetch_add(m - ok, Relaxed);
-                r.shared
-                    .log
-                    .warn("save refused by Redis", &format_args!("{} of {m} blocks", m - ok));
+                r.shared.log.warn(
+                    "save refused by Redis",
+                    &format_args!("{} of {m} blocks", m - ok),
+                );
             }
         }
         Err(e) => {
@@ -856,7 +860,10 @@ mod tests {
         c.start_load(2, vec![]);
         assert_eq!(n.load(Relaxed), 2);
         let done = c.poll();
-        assert_eq!(done.iter().map(|d| d.ticket).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(
+            done.iter().map(|d| d.ticket).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
         assert!(done[1].results.is_empty());
     }
 

@@ -116,7 +116,10 @@ impl RedisTarget {
             RedisTarget::Single(u) => redact_url(u),
             RedisTarget::Cluster(us) => format!(
                 "cluster[{}]",
-                us.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(",")
+                us.iter()
+                    .map(|u| redact_url(u))
+                    .collect::<Vec<_>>()
+                    .join(",")
             ),
         }
     }
@@ -271,7 +274,7 @@ impl TierArgs {
         let Some(spec) = self.kv_tier else {
             return Ok(None);
         };
-        let host = spec.host.then(|| HostConfig {
+        let host = spec.host.then_some(HostConfig {
             capacity_bytes: self.kv_tier_host_bytes,
         });
         let redis = if spec.redis {
@@ -426,7 +429,10 @@ mod tests {
         let cfg = cli.tiers.to_config(ns()).unwrap().unwrap();
         assert_eq!(cfg.host.unwrap().capacity_bytes, 1 << 30);
         let r = cfg.redis.unwrap();
-        assert_eq!(r.target, RedisTarget::Single("redis://127.0.0.1:7000".into()));
+        assert_eq!(
+            r.target,
+            RedisTarget::Single("redis://127.0.0.1:7000".into())
+        );
         assert!(r.secret.is_some());
         assert!(!format!("{:?}", r.secret).contains("s3cret"));
         assert_eq!(r.ttl, Some(Duration::from_secs(60)));

@@ -308,7 +308,7 @@ mod tests {
         let got = decode_value(&ns(), &h(1), Bytes::from(v), None).unwrap();
         assert_eq!(&got[..], &payload[..]);
 
-        let s = Secret::new(b"k1".to_vec());
+        let s = Secret::new(b"k1");
         let v = encode_value(&ns(), &h(1), &payload, Some(&s));
         assert_eq!(v.len(), 78 + 12 + 8 + 256 + 64);
         let got = decode_value(&ns(), &h(1), Bytes::from(v.clone()), Some(&s)).unwrap();
@@ -319,8 +319,8 @@ mod tests {
 
     #[test]
     fn refusals() {
-        let s1 = Secret::new(b"secret-one".to_vec());
-        let s2 = Secret::new(b"secret-two".to_vec());
+        let s1 = Secret::new(b"secret-one");
+        let s2 = Secret::new(b"secret-two");
         let payload = vec![9u8; 1000];
         let good = encode_value(&ns(), &h(1), &payload, Some(&s1));
 
@@ -334,7 +334,11 @@ mod tests {
         // Every truncation is refused, never returned.
         for cut in [0, 3, 10, 78, 90, 98, 500, good.len() - 33, good.len() - 1] {
             let e = decode_value(&ns(), &h(1), Bytes::from(good[..cut].to_vec()), Some(&s1));
-            assert_eq!(e, Err(LoadError::Corrupt(CorruptKind::Truncated)), "cut {cut}");
+            assert_eq!(
+                e,
+                Err(LoadError::Corrupt(CorruptKind::Truncated)),
+                "cut {cut}"
+            );
         }
         let mut longer = good.clone();
         longer.push(0);
@@ -388,7 +392,7 @@ mod tests {
 
     #[test]
     fn stripping_the_mac_and_fixing_the_checksum_is_refused() {
-        let s = Secret::new(b"k".to_vec());
+        let s = Secret::new(b"k");
         let v = encode_value(&ns(), &h(1), b"payload", Some(&s));
         // Clear the MAC flag, drop the MAC, recompute the checksum: intact, but unsigned.
         let mut forged = v[..v.len() - 64].to_vec();

@@ -176,7 +176,10 @@ mod tests {
         assert_eq!(c.lru_order(), vec![h(1)]);
         assert_eq!(c.bytes(), 600);
         // One exactly the capacity evicts everything else.
-        assert_eq!(c.insert(h(3), p(1000, 3)), HostInsert::Stored { evicted: 1 });
+        assert_eq!(
+            c.insert(h(3), p(1000, 3)),
+            HostInsert::Stored { evicted: 1 }
+        );
         assert_eq!(c.lru_order(), vec![h(3)]);
     }
 }

@@ -40,9 +40,7 @@ mod redis_conn;
 
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
-pub use config::{
-    HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec,
-};
+pub use config::{HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec};
 pub use format::{CorruptKind, LoadError, TierNamespace};
 pub use stats::{LatencyHistogram, LoadFailures, TierIoStats, TierStats};
 

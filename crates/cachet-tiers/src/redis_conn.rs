@@ -53,7 +53,11 @@ pub(crate) async fn connect(target: &RedisTarget, timeout: Duration) -> RedisRes
             let cfg = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(timeout))
                 .set_response_timeout(None);
-            Conn::Single(client.get_multiplexed_async_connection_with_config(&cfg).await?)
+            Conn::Single(
+                client
+                    .get_multiplexed_async_connection_with_config(&cfg)
+                    .await?,
+            )
         }
         RedisTarget::Cluster(urls) => {
             let client = ClusterClient::builder(urls.iter().map(String::as_str))
@@ -70,24 +74,114 @@ pub(crate) async fn connect(target: &RedisTarget, timeout: Duration) -> RedisRes
     Ok(conn)
 }
 
-/// Whether an error means Redis (or a cluster node) is unreachable, as opposed to a server that
-/// answered with an error reply.
+/// Whether an error means Redis (or a cluster node) is unreachable or not serving — the tier
+/// goes down and a fresh connection is made when a probe succeeds — as opposed to a server that
+/// answered an ordinary error reply (out of memory, wrong type), which fails only its call.
+/// `MOVED`/`ASK`/`TRYAGAIN`/`CLUSTERDOWN` that reach us are a topology in flux, and the crate's
+/// client-side errors (such as a multi-slot `MGET` missing a node's part) mean a node is gone:
+/// both are outages, so that the probe's fresh connection picks up the new slot map.
 pub(crate) fn is_outage(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_timeout()
-        || e.is_cluster_error()
-        || matches!(e.kind(), redis::ErrorKind::ClusterConnectionNotFound)
+    use redis::ErrorKind as K;
+    use redis::ServerErrorKind as S;
+    !matches!(
+        e.kind(),
+        K::Server(
+            S::ResponseError
+                | S::ExecAbort
+                | S::NoScript
+                | S::CrossSlot
+                | S::NotBusy
+                | S::NoSub
+                | S::NoPerm
+        ) | K::Extension
+            | K::UnexpectedReturnType
+    )
+}
+
+fn cluster_down(why: &'static str) -> RedisError {
+    RedisError::from((
+        redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown),
+        why,
+    ))
+}
+
+/// The distinct (host, port) of the masters in a `CLUSTER SLOTS` reply:
+/// `[[start, end, [host, port, id, ...], replicas...], ...]`.
+fn slot_masters(v: &Value) -> Vec<(String, u16)> {
+    let mut out: Vec<(String, u16)> = Vec::new();
+    let Value::Array(ranges) = v else {
+        return out;
+    };
+    for r in ranges {
+        let Value::Array(fields) = r else { continue };
+        let Some(Value::Array(master)) = fields.get(2) else {
+            continue;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let Some(Value::Int(port)) = master.get(1) else {
+            continue;
+        };
+        let Ok(port) = u16::try_from(*port) else {
+            continue;
+        };
+        if !out.iter().any(|(h, p)| *h == host && *p == port) {
+            out.push((host, port));
+        }
+    }
+    out
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
 }
 
 impl Conn {
+    /// One server: `PING`. A cluster: every master that `CLUSTER SLOTS` names must answer a
+    /// `PING` on this connection (the crate's fan-out to "all nodes" silently skips nodes it
+    /// could not connect to, so each master is addressed by name), and every master must report
+    /// `cluster_state:ok` — a probe does not declare the tier up while a master is gone or a
+    /// failover is under way.
     pub(crate) async fn ping(&mut self) -> RedisResult<()> {
-        let cmd = redis::cmd("PING");
         match self {
-            Conn::Single(c) => cmd.query_async::<()>(c).await,
-            // Routed to every node; succeeds only if all answer.
-            Conn::Cluster(c) => cmd.query_async::<()>(c).await,
+            Conn::Single(c) => redis::cmd("PING").query_async::<()>(c).await,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{
+                    MultipleNodeRoutingInfo, RoutingInfo, SingleNodeRoutingInfo,
+                };
+                let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+                let masters = slot_masters(&slots);
+                if masters.is_empty() {
+                    return Err(cluster_down("CLUSTER SLOTS named no master"));
+                }
+                for (host, port) in masters {
+                    let routing =
+                        RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+                    c.route_command(redis::cmd("PING"), routing).await?;
+                }
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let v = c
+                    .route_command(redis::cmd("CLUSTER").arg("INFO").clone(), routing)
+                    .await?;
+                let answers = match v {
+                    Value::Map(kv) => kv.into_iter().map(|(_, v)| v).collect(),
+                    other => vec![other],
+                };
+                let ok = !answers.is_empty()
+                    && answers.iter().all(|a| match a {
+                        Value::BulkString(b) => contains(b, b"cluster_state:ok"),
+                        Value::VerbatimString { text, .. } => text.contains("cluster_state:ok"),
+                        _ => false,
+                    });
+                if ok {
+                    Ok(())
+                } else {
+                    Err(cluster_down("a master does not report cluster_state:ok"))
+                }
+            }
         }
     }
 
@@ -186,7 +280,10 @@ impl Conn {
                 let v = futures_util::future::join_all(futs).await;
                 // A lost node fails the batch's items on it; report the first outage error so
                 // the caller marks the tier down, the rest item by item.
-                if let Some(e) = v.iter().find_map(|r| r.as_ref().err().filter(|e| is_outage(e))) {
+                if let Some(e) = v
+                    .iter()
+                    .find_map(|r| r.as_ref().err().filter(|e| is_outage(e)))
+                {
                     return Err(e.clone());
                 }
                 Ok(v.iter().map(Result::is_ok).collect())

@@ -107,7 +107,10 @@ pub struct TierStats {
     pub host_resident_bytes: u64,
     pub host_resident_blocks: u64,
     pub redis_up: bool,
+    /// Saves waiting in the write-behind queue (not counting the batch being written).
     pub save_queue_len: u64,
+    /// Saves accepted and not yet settled: the queue plus the batch being written.
+    pub saves_pending: u64,
 }
 
 impl TierStats {
@@ -194,7 +197,8 @@ pub(crate) struct Counters {
     pub lookup_skips: AtomicU64,
     pub redis_outages: AtomicU64,
     /// Saves accepted into the queue, and saves the writer has finished with (stored, failed
-    /// or over budget): their difference is the queue's length plus the batch in flight.
+    /// or over budget): their difference is the queue's length plus the batch in flight
+    /// (what [`crate::TierClient::flush`] waits for).
     pub saves_enqueued: AtomicU64,
     pub saves_settled: AtomicU64,
     failures: [AtomicU64; 8],
@@ -217,8 +221,6 @@ impl Counters {
 
     pub(crate) fn snapshot(&self) -> TierStats {
         let f = |i: usize| self.failures[i].load(Relaxed);
-        let enq = self.saves_enqueued.load(Relaxed);
-        let settled = self.saves_settled.load(Relaxed);
         TierStats {
             host: self.host.snapshot(),
             redis: self.redis.snapshot(),
@@ -244,7 +246,11 @@ impl Counters {
             host_resident_bytes: 0,
             host_resident_blocks: 0,
             redis_up: false,
-            save_queue_len: enq.saturating_sub(settled),
+            save_queue_len: 0,
+            saves_pending: self
+                .saves_enqueued
+                .load(Relaxed)
+                .saturating_sub(self.saves_settled.load(Relaxed)),
         }
     }
 }
