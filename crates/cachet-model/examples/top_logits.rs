@@ -12,7 +12,7 @@ fn main() {
     let m = load_model(default_model_path(), &LoadOptions::default()).expect("load");
     let text = m
         .tokenizer
-        .apply_chat_template(&[ChatMessage::new("user", prompt)], true)
+        .apply_chat_template(&[ChatMessage::user(prompt)], true)
         .expect("tpl");
     let ids = m.tokenizer.encode(&text, true).expect("enc");
     let mut e = m

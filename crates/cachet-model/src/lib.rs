@@ -21,7 +21,9 @@ use std::sync::Arc;
 pub use error::ModelError;
 pub use executor::{ExecutorConfig, KvDtype, LlamaExecutor};
 pub use gguf::{Architecture, LlamaConfig, LlamaWeights, RopeStyle};
-pub use tokenizer::{ChatMessage, GgufTokenizer, IncrementalDetokenizer};
+pub use cachet_text as text;
+pub use cachet_text::ChatMessage;
+pub use tokenizer::GgufTokenizer;
 
 /// File name of the default model in the cache directory.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -3,14 +3,16 @@
 //! Supported: byte-level BPE (`tokenizer.ggml.model = "gpt2"`) from `tokenizer.ggml.tokens` and
 //! `tokenizer.ggml.merges`, with the pre-tokenizer chosen by `tokenizer.ggml.pre` (as in
 //! llama.cpp's `LLAMA_VOCAB_PRE_TYPE`), a byte-level decoder, and control tokens (type 3) as
-//! special added tokens. Chat templates (`tokenizer.chat_template`) are rendered with
-//! `minijinja` plus the Python-compatible methods of `minijinja-contrib`; ChatML when absent.
+//! special added tokens. The chat template (`tokenizer.chat_template`, ChatML when absent) is a
+//! [`cachet_text::ChatTemplate`]; [`GgufTokenizer`] implements [`cachet_text::TextTokenizer`].
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
+use cachet_text::{
+    ChatMessage, ChatRequest, ChatTemplate, TemplateCaps, TextTokenizer, TokenizerError,
+};
 use candle_core::quantized::gguf_file::Value;
-use serde::{Deserialize, Serialize};
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
@@ -29,25 +31,6 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::gguf::GgufFile;
 use crate::ModelError;
-
-/// One chat message.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: role.into(),
-            content: content.into(),
-        }
-    }
-}
-
-/// ChatML, used when the GGUF has no `tokenizer.chat_template`.
-pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 const GPT2_PATTERN: &str =
     r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
@@ -74,11 +57,10 @@ struct Inner {
     tk: Tokenizer,
     tokens: Vec<String>,
     bos: Option<u32>,
-    eos: Option<u32>,
     eos_ids: Vec<u32>,
     add_bos: bool,
     special: Vec<bool>,
-    env: minijinja::Environment<'static>,
+    template: ChatTemplate,
     pre: String,
     kind: Kind,
 }
@@ -98,7 +80,7 @@ struct Spec<'a> {
     merges: Vec<(String, String)>,
     types: Vec<i64>,
     pre: &'a str,
-    template: &'a str,
+    template: Option<&'a str>,
     bos: Option<u32>,
     eos: Option<u32>,
     eos_ids: Vec<u32>,
@@ -206,27 +188,6 @@ pub fn pre_tokenizer_for(pre: &str) -> Result<PreTokenizerWrapper, ModelError> {
     }
 }
 
-fn build_env(template: &str) -> Result<minijinja::Environment<'static>, ModelError> {
-    let mut env = minijinja::Environment::new();
-    env.set_trim_blocks(true);
-    env.set_lstrip_blocks(true);
-    minijinja_contrib::add_to_environment(&mut env);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function(
-        "raise_exception",
-        |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(
-                minijinja::ErrorKind::InvalidOperation,
-                msg,
-            ))
-        },
-    );
-    env.add_function("strftime_now", |_fmt: String| -> String { String::new() });
-    env.add_template_owned("chat", template.to_string())
-        .map_err(|e| ModelError::Template(e.to_string()))?;
-    Ok(env)
-}
-
 impl GgufTokenizer {
     /// Builds the tokenizer from GGUF metadata.
     pub fn from_gguf(f: &GgufFile) -> Result<Self, ModelError> {
@@ -290,10 +251,7 @@ impl GgufTokenizer {
             .meta_str("tokenizer.ggml.pre")
             .unwrap_or("default")
             .to_string();
-        let template = f
-            .meta_str("tokenizer.chat_template")
-            .unwrap_or(CHATML_TEMPLATE)
-            .to_string();
+        let template = f.meta_str("tokenizer.chat_template");
         let id = |k: &str| {
             f.meta_u64(k)
                 .map(|v| v as u32)
@@ -330,7 +288,7 @@ impl GgufTokenizer {
             merges,
             types,
             pre: &pre,
-            template: &template,
+            template,
             bos,
             eos,
             eos_ids,
@@ -414,17 +372,21 @@ impl GgufTokenizer {
         if !user.is_empty() {
             tk.add_tokens(user).map_err(tk_err)?;
         }
-        let env = build_env(template)?;
+        let text = |id: Option<u32>| {
+            id.and_then(|i| tokens.get(i as usize).cloned())
+                .unwrap_or_default()
+        };
+        let template = ChatTemplate::new(template, text(bos), text(eos))
+            .map_err(|e| ModelError::Template(e.to_string()))?;
         Ok(GgufTokenizer {
             inner: Arc::new(Inner {
                 tk,
                 tokens,
                 bos,
-                eos,
                 eos_ids,
                 add_bos,
                 special,
-                env,
+                template,
                 pre: pre.to_string(),
                 kind,
             }),
@@ -460,32 +422,26 @@ impl GgufTokenizer {
             .map_err(tk_err)
     }
 
-    /// Renders the chat template.
+    /// Renders plain messages with the chat template.
     pub fn apply_chat_template(
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, ModelError> {
-        let msgs: Vec<BTreeMap<&str, &str>> = messages
-            .iter()
-            .map(|m| BTreeMap::from([("role", m.role.as_str()), ("content", m.content.as_str())]))
-            .collect();
-        let tpl = self
-            .inner
-            .env
-            .get_template("chat")
-            .map_err(|e| ModelError::Template(e.to_string()))?;
-        let tok = |id: Option<u32>| {
-            id.and_then(|i| self.inner.tokens.get(i as usize).cloned())
-                .unwrap_or_default()
-        };
-        tpl.render(minijinja::context! {
-            messages => msgs,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => tok(self.inner.bos),
-            eos_token => tok(self.inner.eos),
-        })
-        .map_err(|e| ModelError::Template(format!("{e:#}")))
+        self.render_chat(&ChatRequest::new(messages, add_generation_prompt))
+    }
+
+    /// Renders a chat (tools and all) with the chat template.
+    pub fn render_chat(&self, chat: &ChatRequest<'_>) -> Result<String, ModelError> {
+        self.inner
+            .template
+            .render(chat)
+            .map_err(|e| ModelError::Template(e.to_string()))
+    }
+
+    /// The compiled chat template.
+    pub fn chat_template(&self) -> &ChatTemplate {
+        &self.inner.template
     }
 
     /// Tokens that end generation (EOS, EOT and known end-of-turn control tokens).
@@ -590,57 +546,46 @@ fn byte_level_decoder_map() -> &'static HashMap<char, u8> {
     })
 }
 
-/// Streams text out of token ids, never emitting a broken UTF-8 sequence: text is held back
-/// while the tail decodes to U+FFFD.
-#[derive(Clone, Debug, Default)]
-pub struct IncrementalDetokenizer {
-    ids: Vec<u32>,
-    prefix_offset: usize,
-    read_offset: usize,
-    skip_special_tokens: bool,
-}
+impl TextTokenizer for GgufTokenizer {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
+        GgufTokenizer::encode(self, text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode(e.to_string()))
+    }
 
-impl IncrementalDetokenizer {
-    pub fn new(skip_special_tokens: bool) -> Self {
-        IncrementalDetokenizer {
-            skip_special_tokens,
-            ..Default::default()
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
+        let vocab_size = self.inner.tokens.len();
+        if let Some(&id) = ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(TokenizerError::UnknownToken { id, vocab_size });
         }
+        GgufTokenizer::decode(self, ids, skip_special_tokens)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
     }
 
-    /// All ids pushed so far.
-    pub fn ids(&self) -> &[u32] {
-        &self.ids
+    fn eos_token_ids(&self) -> &[u32] {
+        &self.inner.eos_ids
     }
 
-    /// Adds ids; returns the newly completed text (possibly empty).
-    pub fn push(&mut self, tok: &GgufTokenizer, ids: &[u32]) -> Result<String, ModelError> {
-        self.ids.extend_from_slice(ids);
-        let prefix = tok.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
-        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
-            if let Some(new) = full.get(prefix.len()..) {
-                let new = new.to_string();
-                self.prefix_offset = self.read_offset;
-                self.read_offset = self.ids.len();
-                return Ok(new);
-            }
-        }
-        Ok(String::new())
+    fn bos_token_id(&self) -> Option<u32> {
+        self.inner.bos
     }
 
-    /// Emits whatever is still held back (with U+FFFD for incomplete characters).
-    pub fn finish(&mut self, tok: &GgufTokenizer) -> Result<String, ModelError> {
-        let prefix = tok.decode(
-            &self.ids[self.prefix_offset..self.read_offset],
-            self.skip_special_tokens,
-        )?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], self.skip_special_tokens)?;
-        self.prefix_offset = self.ids.len();
-        self.read_offset = self.ids.len();
-        Ok(full.get(prefix.len()..).unwrap_or("").to_string())
+    fn vocab_size(&self) -> usize {
+        self.inner.tokens.len()
+    }
+
+    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        GgufTokenizer::token_bytes(self, id)
+    }
+
+    fn is_special(&self, id: u32) -> bool {
+        GgufTokenizer::is_special(self, id)
+    }
+
+    fn render_chat(&self, chat: &ChatRequest<'_>) -> Result<String, TokenizerError> {
+        Ok(self.inner.template.render(chat)?)
+    }
+
+    fn chat_caps(&self) -> TemplateCaps {
+        self.inner.template.caps()
     }
 }

@@ -59,7 +59,7 @@ fn exec(m: &LoadedModel, kv: KvDtype) -> LlamaExecutor {
 fn chat(m: &LoadedModel, user: &str) -> Vec<u32> {
     let text = m
         .tokenizer
-        .apply_chat_template(&[cachet_model::ChatMessage::new("user", user)], true)
+        .apply_chat_template(&[cachet_model::ChatMessage::user(user)], true)
         .expect("template");
     m.tokenizer.encode(&text, true).expect("encode")
 }

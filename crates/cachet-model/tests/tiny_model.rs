@@ -676,5 +676,5 @@ fn thread_safety_of_public_types() {
     send::<LlamaExecutor>();
     send_sync::<cachet_model::GgufTokenizer>();
     send_sync::<LoadedModel>();
-    send_sync::<cachet_model::IncrementalDetokenizer>();
+    send_sync::<cachet_model::text::IncrementalDetokenizer>();
 }

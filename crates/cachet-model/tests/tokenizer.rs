@@ -3,9 +3,10 @@
 
 use std::sync::OnceLock;
 
-use cachet_model::{
-    default_model_path, gguf::GgufFile, ChatMessage, GgufTokenizer, IncrementalDetokenizer,
-};
+use std::sync::Arc;
+
+use cachet_model::text::{IncrementalDetokenizer, TemplateCaps, TextTokenizer, TokenizerError};
+use cachet_model::{default_model_path, gguf::GgufFile, ChatMessage, GgufTokenizer};
 
 fn tok() -> Option<&'static GgufTokenizer> {
     static T: OnceLock<Option<GgufTokenizer>> = OnceLock::new();
@@ -86,7 +87,7 @@ fn special_tokens_and_metadata() {
 fn chat_template_renders() {
     let Some(t) = tok() else { return };
     let s = t
-        .apply_chat_template(&[ChatMessage::new("user", "Hi!")], true)
+        .apply_chat_template(&[ChatMessage::user("Hi!")], true)
         .expect("render");
     assert_eq!(
         s,
@@ -95,8 +96,8 @@ fn chat_template_renders() {
     let s = t
         .apply_chat_template(
             &[
-                ChatMessage::new("system", "Be brief."),
-                ChatMessage::new("user", "Hi!"),
+                ChatMessage::system("Be brief."),
+                ChatMessage::user("Hi!"),
             ],
             false,
         )
@@ -112,22 +113,28 @@ fn incremental_detokenizer_never_splits_characters() {
     let Some(t) = tok() else { return };
     let text = "Café 😀👍🏽 日本語 ok";
     let ids = t.encode(text, false).expect("encode");
-    let mut d = IncrementalDetokenizer::new(false);
+    let shared: Arc<dyn TextTokenizer> = Arc::new(t.clone());
+    let mut d = IncrementalDetokenizer::new(Arc::clone(&shared), false);
     let mut out = String::new();
     for &id in &ids {
-        let piece = d.push(t, &[id]).expect("push");
+        let piece = d.push(&[id]).expect("push");
         assert!(!piece.contains('\u{FFFD}'), "broken piece {piece:?}");
         out.push_str(&piece);
     }
-    out.push_str(&d.finish(t).expect("finish"));
+    out.push_str(&d.flush().expect("flush"));
     assert_eq!(out, text);
     // Held back: the first byte token of a 4-byte emoji alone yields nothing.
     let emoji = t.encode("😀", false).expect("enc");
-    if emoji.len() > 1 {
-        let mut d = IncrementalDetokenizer::new(false);
-        assert_eq!(d.push(t, &emoji[..1]).expect("push"), "");
-        assert_eq!(d.push(t, &emoji[1..]).expect("push"), "😀");
-    }
+    assert_eq!(emoji, vec![10813, 242, 218]);
+    let bytes: Vec<u8> = emoji
+        .iter()
+        .flat_map(|&i| t.token_bytes(i).expect("bytes"))
+        .collect();
+    assert_eq!(bytes, "😀".as_bytes());
+    let mut d = IncrementalDetokenizer::new(t as &dyn TextTokenizer, true);
+    assert_eq!(d.push(&emoji[..1]).expect("push"), "");
+    assert_eq!(d.push(&emoji[1..2]).expect("push"), "");
+    assert_eq!(d.push(&emoji[2..]).expect("push"), "😀");
 }
 
 /// A SentencePiece-style (`tokenizer.ggml.model = "llama"`) vocabulary written to a GGUF here,
@@ -214,14 +221,49 @@ fn spm_llama_vocab_from_gguf() {
     assert_eq!(t.token_bytes(id("<0xC3>")), Some(vec![0xC3]));
     assert_eq!(t.eos_token_ids(), vec![2]);
     // Streaming holds back the first byte of "é".
-    let mut d = IncrementalDetokenizer::new(false);
+    let mut d = IncrementalDetokenizer::new(&t as &dyn TextTokenizer, false);
     let mut out = String::new();
     for &i in &hi {
-        let piece = d.push(&t, &[i]).expect("push");
+        let piece = d.push(&[i]).expect("push");
         assert!(!piece.contains('\u{FFFD}'));
         out.push_str(&piece);
     }
-    out.push_str(&d.finish(&t).expect("finish"));
+    out.push_str(&d.flush().expect("flush"));
     assert_eq!(out, "hi é");
+    // The leading space SentencePiece strips at the start is kept between words.
+    let words = t.encode("hello world", false).expect("enc");
+    let mut d = IncrementalDetokenizer::new(&t as &dyn TextTokenizer, false);
+    assert_eq!(d.push(&words[..1]).expect("push"), "hello");
+    assert_eq!(d.push(&words[1..]).expect("push"), " world");
     let _ = std::fs::remove_file(&path);
+}
+
+/// The GGUF tokenizer through the shared trait, as the server holds it.
+#[test]
+fn gguf_tokenizer_through_the_text_trait() {
+    let Some(t) = tok() else { return };
+    let d: &dyn TextTokenizer = t;
+    assert_eq!(d.vocab_size(), 49152);
+    assert_eq!(d.bos_token_id(), Some(1));
+    assert!(d.eos_token_ids().contains(&2));
+    assert_eq!(d.encode("Hello world", false).expect("enc"), vec![19556, 905]);
+    assert_eq!(d.decode(&[1, 19556, 2], true).expect("dec"), "Hello");
+    assert_eq!(
+        d.decode(&[19556, 1_000_000], false),
+        Err(TokenizerError::UnknownToken {
+            id: 1_000_000,
+            vocab_size: 49152
+        })
+    );
+    assert_eq!(d.token_bytes(905), Some(b" world".to_vec()));
+    assert_eq!(d.token_to_piece(905).as_deref(), Some(" world"));
+    assert!(d.is_special(1) && !d.is_special(905));
+    // SmolLM2's template renders neither tools nor tool calls: the server's generic format
+    // applies.
+    assert_eq!(d.chat_caps(), TemplateCaps::default());
+    let msgs = [ChatMessage::user("Hi!")];
+    assert_eq!(
+        d.apply_chat_template(&msgs, true).expect("render"),
+        t.apply_chat_template(&msgs, true).expect("render")
+    );
 }

@@ -43,10 +43,16 @@ impl TextTokenizer for GgufText {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        let msgs: Vec<cachet_model::tokenizer::ChatMessage> = messages
+        let msgs = messages
             .iter()
-            .map(|m| cachet_model::tokenizer::ChatMessage::new(m.role.clone(), m.content.clone()))
-            .collect();
+            .map(|m| {
+                let role = m
+                    .role
+                    .parse::<cachet_model::text::Role>()
+                    .map_err(|e| TokenizerError::Template(e.to_string()))?;
+                Ok(cachet_model::ChatMessage::new(role, m.content.clone()))
+            })
+            .collect::<Result<Vec<_>, TokenizerError>>()?;
         self.0
             .apply_chat_template(&msgs, add_generation_prompt)
             .map_err(|e| TokenizerError::Template(e.to_string()))
