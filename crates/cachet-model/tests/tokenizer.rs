@@ -95,10 +95,7 @@ fn chat_template_renders() {
     );
     let s = t
         .apply_chat_template(
-            &[
-                ChatMessage::system("Be brief."),
-                ChatMessage::user("Hi!"),
-            ],
+            &[ChatMessage::system("Be brief."), ChatMessage::user("Hi!")],
             false,
         )
         .expect("render");
@@ -246,7 +243,10 @@ fn gguf_tokenizer_through_the_text_trait() {
     assert_eq!(d.vocab_size(), 49152);
     assert_eq!(d.bos_token_id(), Some(1));
     assert!(d.eos_token_ids().contains(&2));
-    assert_eq!(d.encode("Hello world", false).expect("enc"), vec![19556, 905]);
+    assert_eq!(
+        d.encode("Hello world", false).expect("enc"),
+        vec![19556, 905]
+    );
     assert_eq!(d.decode(&[1, 19556, 2], true).expect("dec"), "Hello");
     assert_eq!(
         d.decode(&[19556, 1_000_000], false),
