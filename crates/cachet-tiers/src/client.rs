@@ -97,7 +97,14 @@ struct RedisShared {
     conn: RwLock<Option<Conn>>,
     health: Health,
     shared: Arc<Shared>,
+    /// Blocks this client recently loaded from or stored in Redis, with when: a save of one of
+    /// them is skipped (the engine saves every new cache entry, loaded ones included, and
+    /// re-sending 368 KB that Redis already holds is pure waste).
+    present: Mutex<lru::LruCache<BlockHash, Instant>>,
 }
+
+/// How many recently present blocks [`RedisShared::present`] remembers (about 3 MB).
+const PRESENT_CAPACITY: usize = 1 << 16;
 
 struct SaveItem {
     hash: BlockHash,
@@ -138,21 +145,41 @@ impl RedisShared {
     /// Records a failed call: an outage (or timeout) takes the tier down, logged once.
     fn call_failed(&self, e: CallError) {
         match e {
-            CallError::Timeout => {
-                if self.health.mark_down("a call ran past the timeout") {
-                    self.shared.stats.redis_outages.fetch_add(1, Relaxed);
-                }
-            }
-            CallError::Redis(e) if is_outage(&e) => {
-                if self.health.mark_down(&e.to_string()) {
-                    self.shared.stats.redis_outages.fetch_add(1, Relaxed);
-                }
-            }
+            CallError::Timeout => self.went_down("a call ran past the timeout"),
+            CallError::Redis(e) if is_outage(&e) => self.went_down(&e.to_string()),
             CallError::Redis(e) => {
                 self.shared.log.warn("Redis error reply", &e);
             }
             CallError::Down => {}
         }
+    }
+
+    fn went_down(&self, why: &str) {
+        if self.health.mark_down(why) {
+            self.shared.stats.redis_outages.fetch_add(1, Relaxed);
+        }
+        // A restarted server or a failed-over master may have lost what we remember.
+        lock(&self.present).clear();
+    }
+
+    /// A stored block is trusted to still be there for half its TTL (ten minutes without one).
+    fn fresh_for(&self) -> Duration {
+        self.cfg.ttl.map_or(Duration::from_secs(600), |t| t / 2)
+    }
+
+    fn mark_present(&self, hashes: impl IntoIterator<Item = BlockHash>) {
+        let now = Instant::now();
+        let mut p = lock(&self.present);
+        for h in hashes {
+            p.put(h, now);
+        }
+    }
+
+    fn recently_present(&self, hash: &BlockHash) -> bool {
+        let fresh = self.fresh_for();
+        lock(&self.present)
+            .peek(hash)
+            .is_some_and(|at| at.elapsed() < fresh)
     }
 
     fn key(&self, hash: &BlockHash) -> Vec<u8> {
@@ -194,6 +221,13 @@ impl CallError {
             CallError::Redis(e) if is_outage(e) => LoadError::Unavailable,
             CallError::Redis(_) => LoadError::Failed,
         }
+    }
+}
+
+/// The scheduler's view: how many leading blocks the tiers hold.
+impl cachet_core::connector::KvLookup for TierClient {
+    fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
+        TierClient::lookup(self, hashes).len()
     }
 }
 
@@ -398,7 +432,9 @@ impl TierClient {
     }
 
     /// Saves a block. `Host`: inserted now. `Redis`: queued for the write-behind writer;
-    /// `false` (and a counted drop) when the queue is full — the caller never waits. Also
+    /// `false` (and a counted drop) when the queue is full — the caller never waits. A block
+    /// this client loaded from or stored in Redis within half the TTL is not sent again
+    /// (`save_dedup_skips`; returns `true`). Also
     /// `false`, uncounted, when that tier is not configured, and for a host block larger than
     /// the whole host capacity (counted as `host_too_large`).
     pub fn save(&self, hash: BlockHash, payload: Payload, target: SaveTarget) -> bool {
@@ -428,6 +464,10 @@ impl TierClient {
                 let Some(r) = &self.inner.redis else {
                     return false;
                 };
+                if r.r.recently_present(&hash) {
+                    stats.save_dedup_skips.fetch_add(1, Relaxed);
+                    return true;
+                }
                 // Count before sending: the writer may settle it before try_send returns.
                 stats.saves_enqueued.fetch_add(1, Relaxed);
                 match r.save_tx.try_send(SaveItem { hash, payload }) {
@@ -517,15 +557,20 @@ async fn redis_load(
     };
     let secret = rs.cfg.secret.as_ref();
     let (mut n, mut bytes) = (0u64, 0u64);
+    let mut loaded = Vec::new();
     for (i, v) in rest.into_iter().zip(values) {
         let r = match v {
-            None => Err(LoadError::Missing),
+            None => {
+                lock(&rs.present).pop(&hashes[i]);
+                Err(LoadError::Missing)
+            }
             Some(v) => decode_value(&shared.ns, &hashes[i], Bytes::from(v), secret),
         };
         let r = match r {
             Ok(p) => {
                 n += 1;
                 bytes += p.len() as u64;
+                loaded.push(hashes[i]);
                 Ok((p, TierKind::Redis))
             }
             Err(e) => {
@@ -545,6 +590,7 @@ async fn redis_load(
     s.blocks_loaded.fetch_add(n, Relaxed);
     s.bytes_loaded.fetch_add(bytes, Relaxed);
     s.load_call(t0.elapsed());
+    rs.mark_present(loaded);
     finish_load(&shared, ticket, results, LoadError::Missing);
 }
 
@@ -571,6 +617,9 @@ fn open_redis(cfg: RedisConfig, shared: Arc<Shared>) -> Result<RedisSide, TierEr
         conn: RwLock::new(None),
         cfg,
         shared,
+        present: Mutex::new(lru::LruCache::new(
+            std::num::NonZeroUsize::new(PRESENT_CAPACITY).unwrap_or(std::num::NonZeroUsize::MIN),
+        )),
     });
 
     // The first connection, bounded by the timeout, so that the first requests see Redis.
@@ -660,6 +709,7 @@ async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&
     let now = Instant::now();
     let mut items = Vec::with_capacity(batch.len());
     let mut payload_lens = Vec::with_capacity(batch.len());
+    let mut written = Vec::with_capacity(batch.len());
     let mut pending = 0u64;
     for it in &batch {
         let vlen = it.payload.len() as u64 + overhead;
@@ -676,6 +726,7 @@ async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&
             encode_value(&r.shared.ns, &it.hash, &it.payload, secret),
         ));
         payload_lens.push(it.payload.len() as u64);
+        written.push(it.hash);
     }
     if items.is_empty() {
         return;
@@ -688,13 +739,16 @@ async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&
     match res {
         Ok(stored) => {
             let (mut ok, mut ok_payload, mut ok_value) = (0u64, 0u64, 0u64);
-            for (s, len) in stored.iter().zip(&payload_lens) {
+            let mut present = Vec::with_capacity(written.len());
+            for ((s, len), h) in stored.iter().zip(&payload_lens).zip(&written) {
                 if *s {
                     ok += 1;
                     ok_payload += len;
                     ok_value += len + overhead;
+                    present.push(*h);
                 }
             }
+            r.mark_present(present);
             if let Some(b) = budget {
                 b.charge(now, ok_value);
             }

@@ -90,6 +90,8 @@ pub struct TierStats {
     pub save_budget_drops: u64,
     /// Saves that reached the writer but were not stored (Redis down, error, timeout).
     pub save_failures: u64,
+    /// Redis saves skipped because this client recently loaded or stored that block.
+    pub save_dedup_skips: u64,
     /// Host saves refused because one payload exceeds the whole host capacity.
     pub host_too_large: u64,
     /// Blocks the host tier evicted to stay within its bytes.
@@ -191,6 +193,7 @@ pub(crate) struct Counters {
     pub save_queue_drops: AtomicU64,
     pub save_budget_drops: AtomicU64,
     pub save_failures: AtomicU64,
+    pub save_dedup_skips: AtomicU64,
     pub host_too_large: AtomicU64,
     pub lookup_failures: AtomicU64,
     pub lookup_timeouts: AtomicU64,
@@ -227,6 +230,7 @@ impl Counters {
             save_queue_drops: self.save_queue_drops.load(Relaxed),
             save_budget_drops: self.save_budget_drops.load(Relaxed),
             save_failures: self.save_failures.load(Relaxed),
+            save_dedup_skips: self.save_dedup_skips.load(Relaxed),
             host_too_large: self.host_too_large.load(Relaxed),
             host_evictions: 0,
             lookup_failures: self.lookup_failures.load(Relaxed),

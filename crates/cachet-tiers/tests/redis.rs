@@ -125,6 +125,48 @@ fn another_instance_of_the_same_model_loads_what_one_saved() {
 }
 
 #[test]
+fn a_block_just_loaded_or_stored_is_not_sent_again() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let mut admin = server.conn();
+    let a = redis_client(&server.url(), |_| {});
+    let b = redis_client(&server.url(), |_| {});
+    save_all(&a, 0..10);
+    b.start_load(1, (0..10).map(hash).collect());
+    assert!(wait_load(&b, 1, Duration::from_secs(5))
+        .results
+        .iter()
+        .all(|r| r.is_ok()));
+
+    reset_stats(&mut admin);
+    // b saves the blocks it loaded (they became its cache entries), a saves its own again:
+    // nothing is sent; a new block is.
+    save_all(&b, 0..10);
+    save_all(&a, 0..10);
+    save_all(&b, 10..11);
+    assert_eq!(command_calls(&mut admin, "set"), 1);
+    assert_eq!(b.stats().save_dedup_skips, 10);
+    assert_eq!(a.stats().save_dedup_skips, 10);
+    assert_eq!(b.stats().redis.blocks_saved, 1);
+
+    // A block found missing is forgotten and saved again.
+    redis::cmd("DEL")
+        .arg(ns().redis_key("cachet", &hash(3)))
+        .query::<()>(&mut admin)
+        .unwrap();
+    b.start_load(2, vec![hash(3)]);
+    assert_eq!(
+        wait_load(&b, 2, Duration::from_secs(5)).results[0]
+            .as_ref()
+            .unwrap_err(),
+        &LoadError::Missing
+    );
+    save_all(&b, 3..4);
+    assert_eq!(command_calls(&mut admin, "set"), 2);
+}
+
+#[test]
 fn a_value_signed_with_another_secret_or_unsigned_is_refused() {
     let Some(server) = RedisServer::start() else {
         return;
