@@ -75,6 +75,7 @@ fn redis_cfg(port: u16, secret: Option<Secret>) -> RedisConfig {
         save_queue: 512,
         probe_interval: Duration::from_millis(200),
         key_prefix: "bench".into(),
+        ca_cert_pem: None,
     }
 }
 

@@ -628,7 +628,11 @@ fn open_redis(cfg: RedisConfig, shared: Arc<Shared>) -> Result<RedisSide, TierEr
     handle.spawn(async move {
         let res = tokio::time::timeout(
             r0.cfg.timeout,
-            redis_conn::connect(&r0.cfg.target, r0.cfg.timeout),
+            redis_conn::connect(
+                &r0.cfg.target,
+                r0.cfg.timeout,
+                r0.cfg.ca_cert_pem.as_deref(),
+            ),
         )
         .await;
         let _ = tx.send(res);
@@ -662,7 +666,7 @@ async fn prober(r: Arc<RedisShared>) {
         }
         let res = tokio::time::timeout(
             r.cfg.timeout,
-            redis_conn::connect(&r.cfg.target, r.cfg.timeout),
+            redis_conn::connect(&r.cfg.target, r.cfg.timeout, r.cfg.ca_cert_pem.as_deref()),
         )
         .await;
         if let Ok(Ok(conn)) = res {
@@ -673,10 +677,10 @@ async fn prober(r: Arc<RedisShared>) {
 }
 
 const SAVE_BATCH_BLOCKS: usize = 64;
-const SAVE_BATCH_BYTES: usize = 32 << 20;
+const SAVE_BATCH_BYTES: usize = 8 << 20;
 
-/// The write-behind writer: drains the queue in batches of up to 64 blocks / 32 MiB, each
-/// written in one pipelined round trip.
+/// The write-behind writer: drains the queue in batches of up to 64 blocks / 8 MiB (small
+/// enough to fit the call timeout on a slow link), each written in one pipelined round trip.
 async fn writer(r: Arc<RedisShared>, mut rx: mpsc::Receiver<SaveItem>) {
     let mut budget = r.cfg.budget_bytes.map(|b| Budget::new(b, r.cfg.ttl));
     while let Some(first) = rx.recv().await {

@@ -169,6 +169,9 @@ pub struct RedisConfig {
     pub probe_interval: Duration,
     /// First component of every key (default `cachet`).
     pub key_prefix: String,
+    /// PEM root certificate(s) to trust for `rediss://` instead of the system's
+    /// (`--kv-tier-redis-ca-file`).
+    pub ca_cert_pem: Option<Vec<u8>>,
 }
 
 /// Everything [`crate::TierClient::open`] needs.
@@ -265,6 +268,11 @@ pub struct TierArgs {
     /// Blocks the write-behind save queue holds; a save beyond is dropped and counted.
     #[arg(long, value_name = "BLOCKS", default_value_t = 256)]
     pub kv_tier_save_queue: usize,
+
+    /// PEM file of the CA that signed the Redis servers' certificates (`rediss://`), when it is
+    /// not in the system's trust store.
+    #[arg(long, value_name = "PATH")]
+    pub kv_tier_redis_ca_file: Option<std::path::PathBuf>,
 }
 
 impl TierArgs {
@@ -294,6 +302,15 @@ impl TierArgs {
                 save_queue: self.kv_tier_save_queue,
                 probe_interval: Duration::from_secs(1),
                 key_prefix: "cachet".into(),
+                ca_cert_pem: match &self.kv_tier_redis_ca_file {
+                    Some(p) => Some(std::fs::read(p).map_err(|e| {
+                        TierError::Config(format!(
+                            "cannot read --kv-tier-redis-ca-file {}: {e}",
+                            p.display()
+                        ))
+                    })?),
+                    None => None,
+                },
             })
         } else {
             None

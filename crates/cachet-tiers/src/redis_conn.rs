@@ -42,12 +42,24 @@ fn install_tls_provider(target: &RedisTarget) {
     }
 }
 
-/// Opens a connection and checks it with a `PING` (to every node, for a cluster).
-pub(crate) async fn connect(target: &RedisTarget, timeout: Duration) -> RedisResult<Conn> {
+/// Opens a connection and checks it with a `PING` (every master, for a cluster).
+pub(crate) async fn connect(
+    target: &RedisTarget,
+    timeout: Duration,
+    ca_cert_pem: Option<&[u8]>,
+) -> RedisResult<Conn> {
     install_tls_provider(target);
+    let certs = || redis::TlsCertificates {
+        client_tls: None,
+        root_cert: ca_cert_pem.map(<[u8]>::to_vec),
+    };
     let mut conn = match target {
         RedisTarget::Single(url) => {
-            let client = redis::Client::open(url.as_str())?;
+            let client = if ca_cert_pem.is_some() && url.starts_with("rediss://") {
+                redis::Client::build_with_tls(url.as_str(), certs())?
+            } else {
+                redis::Client::open(url.as_str())?
+            };
             // Our own `tokio::time::timeout` bounds every call; the crate's response timeout
             // would turn a slow answer into an I/O error we could not tell from a lost link.
             let cfg = AsyncConnectionConfig::new()
@@ -60,7 +72,11 @@ pub(crate) async fn connect(target: &RedisTarget, timeout: Duration) -> RedisRes
             )
         }
         RedisTarget::Cluster(urls) => {
-            let client = ClusterClient::builder(urls.iter().map(String::as_str))
+            let mut builder = ClusterClient::builder(urls.iter().map(String::as_str));
+            if ca_cert_pem.is_some() {
+                builder = builder.certs(certs());
+            }
+            let client = builder
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 .retries(2)

@@ -528,3 +528,97 @@ fn stacked_host_in_front_of_redis() {
     drop(server);
     assert_eq!(c.lookup(&hs), vec![Host, Host]);
 }
+
+/// A CA and a server certificate for 127.0.0.1, made with the `openssl` CLI; `None` without it.
+fn tls_material(dir: &std::path::Path) -> Option<()> {
+    let run = |args: &[&str]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").ok()?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let ok = run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &["-keyout", "ca.key", "-out", "ca.pem"],
+        &["-days", "1", "-subj", "/CN=cachet test CA"],
+    ]
+    .concat())
+        && run(&[
+            &["req"][..],
+            &ec,
+            &["-keyout", "srv.key", "-out", "srv.csr"],
+            &["-subj", "/CN=127.0.0.1"],
+        ]
+        .concat())
+        && run(&[
+            "x509",
+            "-req",
+            "-in",
+            "srv.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "srv.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+        ]);
+    ok.then_some(())
+}
+
+#[test]
+fn rediss_with_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    if tls_material(dir.path()).is_none() {
+        eprintln!("SKIPPED: the openssl CLI is needed to make test certificates");
+        return;
+    }
+    let tls_port = free_port();
+    let p = |f: &str| dir.path().join(f).to_string_lossy().into_owned();
+    let Some(_server) = RedisServer::start_with(&[
+        "--tls-port",
+        &tls_port.to_string(),
+        "--tls-cert-file",
+        &p("srv.pem"),
+        "--tls-key-file",
+        &p("srv.key"),
+        "--tls-ca-cert-file",
+        &p("ca.pem"),
+        "--tls-auth-clients",
+        "no",
+    ]) else {
+        return;
+    };
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    let ca = std::fs::read(dir.path().join("ca.pem")).unwrap();
+    let c = redis_client(&url, |r| r.ca_cert_pem = Some(ca));
+    assert!(c.redis_up(), "TLS connection with the private CA");
+    save_all(&c, 0..3);
+    c.start_load(1, (0..3).map(hash).collect());
+    let done = wait_load(&c, 1, Duration::from_secs(5));
+    for (i, r) in done.results.iter().enumerate() {
+        assert_eq!(r.as_ref().unwrap().0, payload(i as u32, BLOCK));
+    }
+
+    // Without the CA the server's certificate is not trusted: the tier stays down, nothing
+    // breaks.
+    let untrusting = redis_client(&url, |r| r.timeout = Duration::from_millis(300));
+    assert!(!untrusting.redis_up());
+    assert!(untrusting.lookup(&[hash(0)]).is_empty());
+}

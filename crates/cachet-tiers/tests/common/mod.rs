@@ -240,6 +240,7 @@ pub fn redis_cfg(target: RedisTarget) -> RedisConfig {
         save_queue: 256,
         probe_interval: Duration::from_millis(100),
         key_prefix: "cachet".into(),
+        ca_cert_pem: None,
     }
 }
 
