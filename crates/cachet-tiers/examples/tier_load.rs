@@ -118,12 +118,12 @@ fn summary(name: &str, v: &mut [f64], rate: bool) {
     let pct = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
     let mb = BLOCKS as f64 * BLOCK_BYTES as f64 / 1e6;
     let rate = if rate {
-        format!("{:.2} GB/s at the median", mb / pct(0.5)) // MB per ms = GB/s
+        format!("({:.2} GB/s at the median)", mb / pct(0.5)) // MB per ms = GB/s
     } else {
-        "shared payloads, no copy".to_string()
+        String::new()
     };
     println!(
-        "{name:<11} median {:>8.3} ms   p10 {:>8.3}   p90 {:>8.3}   min {:>8.3}   max {:>8.3}   ({rate})",
+        "{name:<11} median {:>8.3} ms   p10 {:>8.3}   p90 {:>8.3}   min {:>8.3}   max {:>8.3}   {rate}",
         pct(0.5),
         pct(0.1),
         pct(0.9),
@@ -196,10 +196,18 @@ fn main() {
     load(&plain, 0, &hashes);
     load(&signed, 0, &hashes);
     let (mut h, mut p, mut s) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lh, mut lr) = (Vec::new(), Vec::new());
+    let lookup = |c: &TierClient| {
+        let t = Instant::now();
+        assert_eq!(c.lookup(&hashes).len(), BLOCKS as usize);
+        t.elapsed().as_secs_f64() * 1e3
+    };
     for r in 0..rounds as u64 {
         h.push(load(&host, r + 1, &hashes).as_secs_f64() * 1e3);
         p.push(load(&plain, r + 1, &hashes).as_secs_f64() * 1e3);
         s.push(load(&signed, r + 1, &hashes).as_secs_f64() * 1e3);
+        lh.push(lookup(&host.c));
+        lr.push(lookup(&plain.c));
     }
     println!(
         "{BLOCKS} blocks x {BLOCK_BYTES} B = {:.1} MB per load, {rounds} interleaved rounds",
@@ -207,9 +215,13 @@ fn main() {
     );
     // The host tier hands out shared payloads (no copy); the executor's copy into its blocks
     // is the engine's cost.
-    summary("host", &mut h, false);
-    summary("redis", &mut p, true);
-    summary("redis+hmac", &mut s, true);
+    println!("load (start_load until poll returns it):");
+    summary("  host", &mut h, false);
+    summary("  redis", &mut p, true);
+    summary("  redis+hmac", &mut s, true);
+    println!("lookup of {BLOCKS} blocks (the caller waits for it):");
+    summary("  host", &mut lh, false);
+    summary("  redis", &mut lr, false);
     println!(
         "saves: host {:.3} ms (all {BLOCKS}); redis write-behind drain {:.1} ms, signed {:.1} ms",
         host_save.as_secs_f64() * 1e3,
