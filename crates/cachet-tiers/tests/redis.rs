@@ -272,7 +272,8 @@ fn redis_down_at_start_then_up() {
     // Down: lookups answer 0 at once, loads fail fast, saves are accepted and fail.
     let t = Instant::now();
     assert!(c.lookup(&[hash(1)]).is_empty());
-    assert!(t.elapsed() < Duration::from_millis(50));
+    // Far below the 1 s timeout: no call was made.
+    assert!(t.elapsed() < Duration::from_millis(200));
     c.start_load(1, vec![hash(1)]);
     let done = wait_load(&c, 1, Duration::from_millis(100));
     assert_eq!(
@@ -435,8 +436,9 @@ fn a_full_save_queue_drops_and_counts_without_blocking() {
         .map(|i| c.save(hash(i), payload(i, BLOCK), SaveTarget::Redis))
         .collect();
     let took = t.elapsed();
+    // Far below the 1 s the writer is stuck for: nothing waited on it.
     assert!(
-        took < Duration::from_millis(50),
+        took < Duration::from_millis(250),
         "saving blocked for {took:?}"
     );
     assert_eq!(accepted, [[true; 4].as_slice(), &[false; 6]].concat());
