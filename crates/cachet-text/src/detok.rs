@@ -10,7 +10,10 @@
 //! The cost of a push is bounded by the window, not by the length of the output: after an
 //! emission the window shrinks to the emitted ids, and a tail that stays U+FFFD for more than
 //! [`MAX_HELD_TOKENS`] further tokens (bytes that will never form a character) is emitted as
-//! U+FFFD and the window restarts. For valid UTF-8 output, the concatenated deltas plus
+//! U+FFFD and the window restarts. So the window holds at most `2 * MAX_HELD_TOKENS + 3` ids
+//! plus four of the largest pushes (71 ids when tokens come one at a time); the whole delta is
+//! kept as context because a shorter one can decode to nothing (skipped special tokens) and
+//! let a SentencePiece decoder strip the next token's leading space. For valid UTF-8 output, the concatenated deltas plus
 //! [`IncrementalDetokenizer::flush`] equal the decode of all ids.
 
 use std::sync::Arc;
@@ -144,7 +147,7 @@ impl<T: TokenizerRef> IncrementalDetokenizer<T> {
         Ok(String::new())
     }
 
-    /// Marks `window[..cut]` emitted: the last emitted ids become the decoding context.
+    /// Marks `window[..cut]` emitted: the ids of this delta become the decoding context.
     fn advance(&mut self, cut: usize) {
         self.window.drain(..self.read);
         self.read = cut - self.read;
@@ -280,6 +283,7 @@ mod tests {
         assert_eq!(d.push(&all[cut + 1..]).unwrap(), "😀");
         let mut d = IncrementalDetokenizer::new(&tok as &dyn TextTokenizer, true);
         assert_eq!(d.push(&all[..all.len() - 1]).unwrap(), "0123456789abcdef");
+        // The 16 emitted ids stay as context, plus the 3 held.
         assert_eq!(d.window_len(), 19);
         assert_eq!(d.push(&all[all.len() - 1..]).unwrap(), "😀");
         assert_eq!(d.window_len(), 4);

@@ -1,10 +1,12 @@
 //! Property tests: the stop matcher against a naive reference, the detokenizer against a whole
 //! decode.
 
+mod common;
+
 use cachet_text::{
-    ByteTokenizer, ChatRequest, IncrementalDetokenizer, StopMatcher, StopOutcome, TemplateCaps,
-    TextTokenizer, TokenizerError, MAX_HELD_TOKENS,
+    ByteTokenizer, IncrementalDetokenizer, StopMatcher, StopOutcome, TextTokenizer, MAX_HELD_TOKENS,
 };
+use common::ChunkTokenizer;
 use proptest::prelude::*;
 
 /// The matcher cachet had before the automaton: every stop string searched in the pending
@@ -127,56 +129,6 @@ proptest! {
     }
 }
 
-/// A tokenizer whose tokens are arbitrary byte strings (so they split characters anywhere),
-/// optionally with SentencePiece's leading-space strip in decode.
-struct ChunkTokenizer {
-    vocab: Vec<Vec<u8>>,
-    strip_leading_space: bool,
-}
-
-impl TextTokenizer for ChunkTokenizer {
-    fn encode(&self, _text: &str, _add: bool) -> Result<Vec<u32>, TokenizerError> {
-        Err(TokenizerError::Encode("not used".into()))
-    }
-    fn decode(&self, ids: &[u32], _skip: bool) -> Result<String, TokenizerError> {
-        let mut b = Vec::new();
-        for &id in ids {
-            b.extend_from_slice(self.vocab.get(id as usize).ok_or(
-                TokenizerError::UnknownToken {
-                    id,
-                    vocab_size: self.vocab.len(),
-                },
-            )?);
-        }
-        let s = String::from_utf8_lossy(&b).into_owned();
-        Ok(match (self.strip_leading_space, s.strip_prefix(' ')) {
-            (true, Some(rest)) => rest.to_string(),
-            _ => s,
-        })
-    }
-    fn eos_token_ids(&self) -> &[u32] {
-        &[]
-    }
-    fn bos_token_id(&self) -> Option<u32> {
-        None
-    }
-    fn vocab_size(&self) -> usize {
-        self.vocab.len()
-    }
-    fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
-        self.vocab.get(id as usize).cloned()
-    }
-    fn is_special(&self, _id: u32) -> bool {
-        false
-    }
-    fn render_chat(&self, _chat: &ChatRequest<'_>) -> Result<String, TokenizerError> {
-        Ok(String::new())
-    }
-    fn chat_caps(&self) -> TemplateCaps {
-        TemplateCaps::default()
-    }
-}
-
 /// Splits `v` at the given cut points (taken modulo its length).
 fn split_at<T: Clone>(v: &[T], cuts: &[usize]) -> Vec<Vec<T>> {
     let mut cs: Vec<usize> = cuts
@@ -226,16 +178,23 @@ proptest! {
         prop_assert_eq!(deltas.concat(), text);
     }
 
-    /// Multi-byte tokens cut anywhere, with or without a leading-space strip in decode.
+    /// Multi-byte tokens cut anywhere, tokens of no text, with or without a leading-space strip
+    /// in decode.
     #[test]
     fn chunk_detokenizer_streams_valid_text_exactly(
         // At most 31 tokens: never more than MAX_HELD_TOKENS boundaries in a row inside characters.
         text in "[ a-zé😀日]{0,30}",
         token_cuts in proptest::collection::vec(any::<usize>(), 0..30),
         batch_cuts in proptest::collection::vec(any::<usize>(), 0..10),
+        empties in proptest::collection::vec((any::<usize>(), 1..6usize), 0..3),
         strip in any::<bool>(),
     ) {
-        let vocab = split_at(text.as_bytes(), &token_cuts);
+        // Tokens that decode to nothing (as skipped special tokens do) anywhere in the stream.
+        let mut vocab = split_at(text.as_bytes(), &token_cuts);
+        for &(at, run) in &empties {
+            let at = at % (vocab.len() + 1);
+            vocab.splice(at..at, std::iter::repeat_n(Vec::new(), run));
+        }
         let ids: Vec<u32> = (0..vocab.len() as u32).collect();
         let tok = ChunkTokenizer { vocab, strip_leading_space: strip };
         let mut d = IncrementalDetokenizer::new(&tok as &dyn TextTokenizer, true);

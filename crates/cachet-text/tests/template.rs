@@ -11,80 +11,11 @@ use cachet_text::{
 };
 use serde_json::json;
 
-const QWEN_STYLE: &str = r#"
-{%- if tools %}
-{{- '<|im_start|>system\n' }}
-{%- if messages[0].role == 'system' %}{{- messages[0].content }}{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}
-{{- "\n\n# Tools\n\n<tools>" }}
-{%- for tool in tools %}
-{{- "\n" }}{{- tool | tojson }}
-{%- endfor %}
-{{- "\n</tools><|im_end|>\n" }}
-{%- elif messages[0].role == 'system' %}
-{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
-{%- endif %}
-{%- for message in messages %}
-{%- if message.role == "user" or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
-{{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' }}
-{%- elif message.role == "assistant" %}
-{{- '<|im_start|>assistant' }}
-{%- if message.content %}{{- '\n' + message.content }}{%- endif %}
-{%- for tool_call in message.tool_calls %}
-{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
-{{- '\n<tool_call>\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}{{- tool_call.arguments | tojson }}{{- '}\n</tool_call>' }}
-{%- endfor %}
-{{- '<|im_end|>\n' }}
-{%- elif message.role == "tool" %}
-{%- if loop.first or messages[loop.index0 - 1].role != "tool" %}{{- '<|im_start|>user' }}{%- endif %}
-{{- '\n<tool_response>\n' + message.content + '\n</tool_response>' }}
-{%- if loop.last or messages[loop.index0 + 1].role != "tool" %}{{- '<|im_end|>\n' }}{%- endif %}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}
-"#;
+const QWEN_STYLE: &str = include_str!("templates/qwen_style.jinja");
 
-const LLAMA_STYLE: &str = r#"
-{{- bos_token }}
-{%- if not date_string is defined %}{%- set date_string = strftime_now("%d %b %Y") %}{%- endif %}
-{%- if messages[0].role == 'system' %}{%- set system_message = messages[0].content %}{%- set messages = messages[1:] %}{%- else %}{%- set system_message = "" %}{%- endif %}
-{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
-{{- "Today Date: " + date_string + "\n\n" }}
-{%- if tools is not none %}
-{{- "Tools:\n" }}
-{%- for t in tools %}{{- t | tojson(indent=4) }}{{- "\n\n" }}{%- endfor %}
-{%- endif %}
-{{- system_message + "<|eot_id|>" }}
-{%- for message in messages %}
-{%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
-{{- '<|start_header_id|>' + message.role + '<|end_header_id|>\n\n' + message.content + '<|eot_id|>' }}
-{%- elif 'tool_calls' in message %}
-{%- set tool_call = message.tool_calls[0].function %}
-{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
-{{- '{"name": "' + tool_call.name + '", "parameters": ' }}{{- tool_call.arguments | tojson }}{{- "}" }}
-{{- "<|eot_id|>" }}
-{%- elif message.role == "tool" or message.role == "ipython" %}
-{{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
-{%- if message.content is mapping %}{{- message.content | tojson }}{%- else %}{{- message.content }}{%- endif %}
-{{- "<|eot_id|>" }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}
-"#;
+const LLAMA_STYLE: &str = include_str!("templates/llama_style.jinja");
 
-const HERMES_STYLE: &str = r#"
-{%- for message in messages %}
-{{- '<|im_start|>' + message.role }}
-{%- if message.name is defined %}{{- ' name=' + message.name }}{%- endif %}
-{%- if message.tool_call_id is defined %}{{- ' id=' + message.tool_call_id }}{%- endif %}
-{{- '\n' + message.content }}
-{%- if message.tool_calls is defined %}
-{%- for tool_call in message.tool_calls %}
-{{- '<tool_call>\n{"id": ' }}{{- tool_call.id | tojson }}{{- ', "name": ' }}{{- tool_call.function.name | tojson }}{{- ', "arguments": ' }}{{- tool_call.function.arguments | tojson }}{{- '}\n</tool_call>' }}
-{%- endfor %}
-{%- endif %}
-{{- '<|im_end|>\n' }}
-{%- endfor %}
-"#;
+const HERMES_STYLE: &str = include_str!("templates/hermes_style.jinja");
 
 fn weather_tool() -> serde_json::Value {
     json!({
