@@ -61,6 +61,17 @@ pub struct IncrementalDetokenizer<T: TokenizerRef = Arc<dyn TextTokenizer>> {
     seen: usize,
 }
 
+impl<T: TokenizerRef> std::fmt::Debug for IncrementalDetokenizer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IncrementalDetokenizer")
+            .field("skip_special_tokens", &self.skip_special_tokens)
+            .field("window", &self.window)
+            .field("read", &self.read)
+            .field("seen", &self.seen)
+            .finish()
+    }
+}
+
 impl<T: TokenizerRef> IncrementalDetokenizer<T> {
     pub fn new(tok: T, skip_special_tokens: bool) -> Self {
         IncrementalDetokenizer {

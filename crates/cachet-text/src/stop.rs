@@ -210,8 +210,8 @@ impl StopMatcher {
             None => self.pending.len().min(MAX_STOP_BYTES - 1),
         };
         let cut = floor_char_boundary(&self.pending, self.pending.len() - hold);
-        let rest = self.pending.split_off(cut);
-        let emit = std::mem::replace(&mut self.pending, rest);
+        let emit = self.pending[..cut].to_string();
+        self.pending.drain(..cut);
         StopOutcome {
             emit,
             matched: None,

@@ -161,6 +161,7 @@ impl std::fmt::Debug for ChatTemplate {
 const TEMPLATE_NAME: &str = "chat";
 const PROBE_TOOL: &str = "cachet_probe_tool_7f3a";
 const PROBE_CALL: &str = "cachet_probe_call_51c9";
+const PROBE_CALL_ID: &str = "c4ch3tpr0";
 
 /// Marks an error raised by the template's own `raise_exception`.
 #[derive(Debug, Error)]
@@ -298,11 +299,12 @@ impl ChatTemplate {
             .render(&ChatRequest::new(&user, true).with_tools(&tools))
             .map(|s| s.contains(PROBE_TOOL))
             .unwrap_or(false);
-        let call = ToolCall::function("call_probe", PROBE_CALL, r#"{"x": "y"}"#);
+        // Nine alphanumerics: Mistral's templates reject any other tool call id.
+        let call = ToolCall::function(PROBE_CALL_ID, PROBE_CALL, r#"{"x": "y"}"#);
         let with_result = [
             ChatMessage::user("probe"),
             ChatMessage::assistant_tool_calls("", vec![call.clone()]),
-            ChatMessage::tool("call_probe", "done"),
+            ChatMessage::tool(PROBE_CALL_ID, "done"),
         ];
         let call_only = [
             ChatMessage::user("probe"),

@@ -16,6 +16,8 @@ const QWEN_STYLE: &str = include_str!("templates/qwen_style.jinja");
 const LLAMA_STYLE: &str = include_str!("templates/llama_style.jinja");
 
 const HERMES_STYLE: &str = include_str!("templates/hermes_style.jinja");
+/// Mistral's templates reject tool call ids that are not 9 alphanumerics.
+const MISTRAL_STYLE: &str = include_str!("templates/mistral_style.jinja");
 
 fn weather_tool() -> serde_json::Value {
     json!({
@@ -195,6 +197,48 @@ fn hermes_style_names_ids_and_unparsed_arguments() {
             "<|im_start|>tool id=c1\ndone<|im_end|>\n",
             "<|im_start|>system\ndev<|im_end|>\n"
         )
+    );
+}
+
+#[test]
+fn mistral_style_nine_character_ids() {
+    let t = ChatTemplate::new(Some(MISTRAL_STYLE), "<s>", "</s>").unwrap();
+    // The probes use a nine-character id, so the template's own tool format is found.
+    assert_eq!(
+        t.caps(),
+        TemplateCaps {
+            renders_tools: true,
+            renders_tool_calls: true
+        }
+    );
+    let tools = [json!({"type": "function", "function": {"name": "f"}})];
+    let msgs = [
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant_tool_calls(
+            "",
+            vec![ToolCall::function("abc123xyz", "f", r#"{"a": 1}"#)],
+        ),
+        ChatMessage::tool("abc123xyz", "ok"),
+    ];
+    assert_eq!(
+        t.render(&ChatRequest::new(&msgs, false).with_tools(&tools))
+            .unwrap(),
+        concat!(
+            r#"[AVAILABLE_TOOLS] [{"type": "function", "function": {"name": "f"}}][/AVAILABLE_TOOLS]"#,
+            "[INST] Hi[/INST]",
+            r#"[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}, "id": "abc123xyz"}]</s>"#,
+            r#"[TOOL_RESULTS] {"content": "ok", "call_id": "abc123xyz"}[/TOOL_RESULTS]"#
+        )
+    );
+    let bad = [
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant_tool_calls("", vec![ToolCall::function("call_1", "f", "{}")]),
+    ];
+    assert_eq!(
+        t.render(&ChatRequest::new(&bad, false)),
+        Err(TemplateError::Raised(
+            "Tool call IDs should be alphanumeric strings with length 9!".into()
+        ))
     );
 }
 
