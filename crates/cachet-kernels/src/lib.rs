@@ -51,7 +51,7 @@ pub mod formats;
 mod micro;
 // Drivers (public entry points).
 mod drivers;
-pub use drivers::{act, attention};
+pub use drivers::{act, attention, probe};
 pub mod quant;
 
 pub use error::KernelError;

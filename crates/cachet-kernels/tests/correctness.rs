@@ -419,6 +419,52 @@ fn isa_levels_agree_closely() {
     }
 }
 
+/// Every SIMD level (AVX2, AVX2 + AVX-VNNI, AVX-512 VNNI, AMX) quantizes the activations to
+/// the same bytes, computes the same exact int32 block sums and folds them with the same two
+/// FMAs in the same order: their outputs are bit-identical, for every packed format and for
+/// tails in both the weight rows and the activation rows.
+#[test]
+fn simd_levels_are_bit_identical() {
+    let pool = ThreadPool::new(2);
+    let mut rng = StdRng::seed_from_u64(21);
+    for ty in [
+        WeightType::Q4_0,
+        WeightType::Q4_1,
+        WeightType::Q8_0,
+        WeightType::Q4K,
+        WeightType::Q6K,
+    ] {
+        let shapes: &[(usize, usize)] = if ty.block_len() == 256 {
+            &[(19, 512), (40, 256)]
+        } else {
+            &[(17, 96), (50, 576), (33, 64)]
+        };
+        for &(rows, cols) in shapes {
+            let w = rand_vec(&mut rng, rows * cols);
+            let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+            for m in [1usize, 3, 4, 5, 9, 17] {
+                let mut x = rand_vec(&mut rng, m * cols);
+                x[..cols].iter_mut().for_each(|v| *v *= 40.0);
+                let mut outs: Vec<(Isa, Vec<u32>)> = Vec::new();
+                for_each_isa(|level| {
+                    if level >= Isa::Avx2 {
+                        let mut y = vec![0f32; m * rows];
+                        mat.matmul(&pool, &x, m, &mut y);
+                        outs.push((level, y.iter().map(|v| v.to_bits()).collect()));
+                    }
+                });
+                for (level, bits) in &outs[1.min(outs.len())..] {
+                    assert!(
+                        bits == &outs[0].1,
+                        "{ty:?} {rows}x{cols} m={m}: {level} differs from {}",
+                        outs[0].0
+                    );
+                }
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ attention
 
 fn check_attention<T: KvElem>(
@@ -575,4 +621,55 @@ fn swiglu_matches_f64_on_every_isa() {
             }
         }
     });
+}
+
+/// RMS norms on every level against f64 arithmetic, and bit-identical across levels (one
+/// summation order everywhere); the fused residual add gives the same as add-then-norm.
+#[test]
+fn rms_norms_match_f64_and_agree_bitwise_on_every_level() {
+    let mut rng = StdRng::seed_from_u64(12);
+    for n in [1usize, 7, 8, 9, 64, 576, 1000] {
+        let x: Vec<f32> = rand_vec(&mut rng, n).iter().map(|v| v * 3.0).collect();
+        let d = rand_vec(&mut rng, n);
+        let w: Vec<f32> = rand_vec(&mut rng, n).iter().map(|v| 1.0 + v).collect();
+        let eps = 1e-5f32;
+        type Bits = Vec<u32>;
+        let mut outs: Vec<(Isa, Bits, Bits, Bits)> = Vec::new();
+        for_each_isa(|level| {
+            let mut out = vec![f32::NAN; n + 1];
+            cachet_kernels::act::rms_norm(&x, &w, eps, &mut out[..n]);
+            assert!(out[n].is_nan(), "{level}: wrote past the output");
+            let ms: f64 = x.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / n as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            for i in 0..n {
+                let want = x[i] as f64 * r * w[i] as f64;
+                assert!(
+                    (out[i] as f64 - want).abs() <= 1e-5 * want.abs() + 1e-7,
+                    "{level} n={n} [{i}]: {} vs {want}",
+                    out[i]
+                );
+            }
+            let mut inplace = x.clone();
+            cachet_kernels::act::rms_norm_inplace(&mut inplace, &w, eps);
+            let mut xr = x.clone();
+            let mut fused = vec![0f32; n];
+            cachet_kernels::act::add_rms_norm(&mut xr, &d, &w, eps, &mut fused);
+            let added: Vec<f32> = x.iter().zip(&d).map(|(a, b)| a + b).collect();
+            assert_eq!(xr, added, "{level}: residual add");
+            let mut sep = vec![0f32; n];
+            cachet_kernels::act::rms_norm(&added, &w, eps, &mut sep);
+            assert_eq!(fused, sep, "{level}: fused add + norm");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            outs.push((level, bits(&out[..n]), bits(&inplace), bits(&fused)));
+        });
+        for o in &outs[1..] {
+            assert_eq!(
+                (&o.1, &o.2, &o.3),
+                (&outs[0].1, &outs[0].2, &outs[0].3),
+                "{} vs {} n={n}",
+                o.0,
+                outs[0].0
+            );
+        }
+    }
 }

@@ -12,7 +12,7 @@ fn module_layer(name: &str) -> Option<usize> {
         "error" | "util" | "pool" | "isa" => 0,
         "formats" => 1,
         "micro" => 2,
-        "drivers" | "act" | "attention" => 3,
+        "drivers" | "act" | "attention" | "probe" => 3,
         "quant" => 4,
         _ => return None,
     })

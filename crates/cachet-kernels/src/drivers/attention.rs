@@ -64,7 +64,7 @@ fn attend_all_groups<T: KvElem>(
     part: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if a.n_kv_heads > 1 && isa >= Isa::Avx512 {
+    if a.n_kv_heads > 1 && isa >= Isa::Avx2 {
         return micro::attend_groups(isa, a, q, k, v, (t, 1), (0, a.n_kv_heads), range, part);
     }
     let _ = (isa, a, q, k, v, t, range, part);
@@ -126,7 +126,7 @@ pub fn paged_attention_parallel<T: KvElem>(
         });
         return;
     }
-    if a.n_tokens == 1 && a.n_kv_heads > 1 && isa >= Isa::Avx512 {
+    if a.n_tokens == 1 && a.n_kv_heads > 1 && isa >= Isa::Avx2 {
         if let Some((parts, segs)) = decode_segments_all_groups(pool, isa, a, q, k, v) {
             let nkv = a.n_kv_heads;
             let at = |g: usize, seg: usize| (seg * nkv + g) * stride;

@@ -6,3 +6,4 @@ pub mod act;
 pub mod attention;
 pub(crate) mod grid;
 pub(crate) mod matmul;
+pub mod probe;

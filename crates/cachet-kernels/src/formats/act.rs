@@ -21,7 +21,8 @@ impl QAct {
     }
 }
 
-/// Quantize one row of activations (portable).
+/// Quantize one row of activations (portable). Ties round to even, as the SIMD conversions
+/// (`vcvtps2dq`) do, so every level quantizes to the same bytes.
 pub(crate) fn quantize_act_row_scalar(
     x: &[f32],
     bk: usize,
@@ -35,7 +36,7 @@ pub(crate) fn quantize_act_row_scalar(
         let id = if db != 0.0 { 1.0 / db } else { 0.0 };
         let mut sum = 0i32;
         for (j, &v) in xb.iter().enumerate() {
-            let qv = (v * id).round() as i32;
+            let qv = (v * id).round_ties_even() as i32;
             q[b * bk + j] = qv as i8;
             sum += qv;
         }

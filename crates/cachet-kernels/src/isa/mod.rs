@@ -6,7 +6,11 @@
 //!
 //! Levels:
 //! * `Scalar`: portable Rust, any CPU.
-//! * `Avx2`: AVX2 + FMA + F16C (x86-64-v3).
+//! * `Avx2`: AVX2 + FMA + F16C (x86-64-v3): int8 products with `vpmaddubsw` (AMD Zen 2/3).
+//! * `Avx2Vnni`: `Avx2` plus AVX-VNNI (`vpdpbusd` on 256-bit registers; Intel Alder Lake and
+//!   later, AMD Zen 5). Not implied by `Avx512`: a CPU can have AVX-512 VNNI without it
+//!   (Zen 4, Ice Lake), so the levels below the detected one are not always all usable;
+//!   [`supported`](Isa::supported) lists the usable ones.
 //! * `Avx512`: AVX-512 F/BW/VL + AVX512-VNNI (int8 dot products with `vpdpbusd`).
 //! * `Amx`: AMX-TILE + AMX-INT8 on top of `Avx512`, tile state enabled by the OS, this
 //!   process granted it (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and a tile product that matched
@@ -24,29 +28,35 @@ pub(crate) mod amx;
 pub enum Isa {
     Scalar,
     Avx2,
+    Avx2Vnni,
     Avx512,
     Amx,
 }
 
 impl Isa {
     /// All levels, lowest first.
-    pub const ALL: [Isa; 4] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx];
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::Avx2Vnni, Isa::Avx512, Isa::Amx];
 
-    /// Parse `scalar|avx2|avx512|amx` (case-insensitive).
+    /// Parse `scalar|avx2|avx2vnni|avx512|amx` (case-insensitive).
     pub fn parse(s: &str) -> Option<Isa> {
         match s.trim().to_ascii_lowercase().as_str() {
             "scalar" | "none" | "generic" => Some(Isa::Scalar),
             "avx2" => Some(Isa::Avx2),
+            "avx2vnni" | "avx2-vnni" | "avxvnni" | "avx-vnni" => Some(Isa::Avx2Vnni),
             "avx512" | "avx-512" => Some(Isa::Avx512),
             "amx" => Some(Isa::Amx),
             _ => None,
         }
     }
 
-    /// Every level up to and including [`detected`], lowest first.
+    /// Every level this CPU can run (all of them at most [`detected`]), lowest first.
     pub fn supported() -> Vec<Isa> {
-        let d = detected();
-        Isa::ALL.iter().copied().filter(|&l| l <= d).collect()
+        let mask = usable_mask();
+        Isa::ALL
+            .iter()
+            .copied()
+            .filter(|&l| mask & (1 << l as u8) != 0)
+            .collect()
     }
 
     fn to_u8(self) -> u8 {
@@ -63,6 +73,7 @@ impl std::fmt::Display for Isa {
         let s = match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2",
+            Isa::Avx2Vnni => "avx2vnni",
             Isa::Avx512 => "avx512",
             Isa::Amx => "amx",
         };
@@ -164,6 +175,8 @@ fn detect() -> Isa {
         Isa::Amx
     } else if avx512 {
         Isa::Avx512
+    } else if avx2 && has_avx_vnni() {
+        Isa::Avx2Vnni
     } else if avx2 {
         Isa::Avx2
     } else {
@@ -174,6 +187,30 @@ fn detect() -> Isa {
 #[cfg(not(target_arch = "x86_64"))]
 fn detect() -> Isa {
     Isa::Scalar
+}
+
+/// AVX-VNNI (`vpdpbusd` on ymm) with the AVX2 level's features.
+#[cfg(target_arch = "x86_64")]
+fn has_avx_vnni() -> bool {
+    use std::arch::is_x86_feature_detected as has;
+    has!("avx2") && has!("fma") && has!("f16c") && has!("avxvnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn has_avx_vnni() -> bool {
+    false
+}
+
+/// Bit `l` set when level `l` can run here (cached).
+fn usable_mask() -> u8 {
+    static M: OnceLock<u8> = OnceLock::new();
+    *M.get_or_init(|| {
+        let d = detected();
+        Isa::ALL
+            .iter()
+            .filter(|&&l| l <= d && (l != Isa::Avx2Vnni || has_avx_vnni()))
+            .fold(0u8, |m, &l| m | (1 << l as u8))
+    })
 }
 
 /// Best level available on this CPU (cached).
@@ -194,7 +231,8 @@ fn env_level() -> Option<Isa> {
 const NO_OVERRIDE: u8 = u8::MAX;
 static OVERRIDE: AtomicU8 = AtomicU8::new(NO_OVERRIDE);
 
-/// Level the kernels use: `min(detected(), override or CACHET_ISA)`.
+/// Level the kernels use: the best usable level at most `min(detected(), override or
+/// CACHET_ISA)` (`CACHET_ISA=avx2vnni` on a CPU without AVX-VNNI runs `avx2`).
 #[inline]
 pub fn active() -> Isa {
     let d = detected();
@@ -203,13 +241,20 @@ pub fn active() -> Isa {
         None => env_level(),
     };
     match cap {
-        Some(c) if c < d => c,
+        Some(c) if c < d => {
+            let mask = usable_mask();
+            (0..=c as u8)
+                .rev()
+                .find(|&l| mask & (1 << l) != 0)
+                .and_then(Isa::from_u8)
+                .unwrap_or(Isa::Scalar)
+        }
         _ => d,
     }
 }
 
 /// Force a level at run time (`None` restores the default). Levels above [`detected`] are
-/// clamped to it. Thread-safe; affects every subsequent kernel call in the process.
+/// clamped to it, levels this CPU lacks below it to the next usable one. Thread-safe; affects every subsequent kernel call in the process.
 pub fn set_override(level: Option<Isa>) {
     OVERRIDE.store(level.map_or(NO_OVERRIDE, Isa::to_u8), Ordering::Relaxed);
 }
@@ -222,7 +267,30 @@ mod tests {
     fn parse_and_order() {
         assert_eq!(Isa::parse("AVX512"), Some(Isa::Avx512));
         assert_eq!(Isa::parse("bogus"), None);
-        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx512 && Isa::Avx512 < Isa::Amx);
-        assert!(Isa::supported().contains(&Isa::Scalar));
+        assert_eq!(Isa::parse("avx2-vnni"), Some(Isa::Avx2Vnni));
+        assert!(Isa::Scalar < Isa::Avx2 && Isa::Avx2 < Isa::Avx2Vnni);
+        assert!(Isa::Avx2Vnni < Isa::Avx512 && Isa::Avx512 < Isa::Amx);
+        for l in Isa::ALL {
+            assert_eq!(Isa::parse(&l.to_string()), Some(l));
+            assert_eq!(Isa::from_u8(l.to_u8()), Some(l));
+        }
+        let sup = Isa::supported();
+        assert!(sup.contains(&Isa::Scalar) && sup.contains(&detected()));
+        assert!(sup.iter().all(|&l| l <= detected()));
+    }
+
+    /// A cap the CPU cannot run falls to the next usable level below it.
+    #[test]
+    fn active_is_always_a_usable_level() {
+        let sup = Isa::supported();
+        for cap in Isa::ALL {
+            set_override(Some(cap));
+            let a = active();
+            set_override(None);
+            assert!(sup.contains(&a), "cap {cap}: active {a} not usable");
+            assert!(a <= cap, "cap {cap}: active {a}");
+            let best = sup.iter().copied().filter(|&l| l <= cap).max();
+            assert_eq!(Some(a), best, "cap {cap}");
+        }
     }
 }

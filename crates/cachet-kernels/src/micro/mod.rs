@@ -3,7 +3,8 @@
 //!
 //! * [`scalar`]: the portable reference of every kernel (any CPU; the tests compare every
 //!   other level with it).
-//! * `avx2`: AVX2 + FMA + F16C (x86-64-v3).
+//! * `avx2`, `avx2_tile`: AVX2 + FMA + F16C (x86-64-v3); the matmul tile also in an AVX-VNNI
+//!   variant (`vpdpbusd` on 256-bit registers) for the `Avx2Vnni` level.
 //! * `avx512`: AVX-512 F/BW/VL/DQ with VNNI (`vpdpbusd`).
 //! * `amx`: AMX tiles (`tdpbsud`), with the AVX-512 block fold of `avx512`, for matmuls of 8+
 //!   activation rows.
@@ -18,7 +19,13 @@ pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_attn;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2_tile;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod peak;
 pub(crate) mod scalar;
 
 #[cfg(target_arch = "x86_64")]
@@ -33,7 +40,9 @@ use crate::formats::packed::{PFmt, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0};
 use crate::isa::Isa;
 use crate::util::SendPtr;
 #[cfg(target_arch = "x86_64")]
-use avx2::{attn_avx2, tile_avx2};
+use avx2_attn::attn_avx2;
+#[cfg(target_arch = "x86_64")]
+use avx2_tile::{tile_avx2, tile_avx2_vnni};
 #[cfg(target_arch = "x86_64")]
 use avx512::{attn_512, tile_512};
 
@@ -105,6 +114,8 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
     debug_assert!(job.mr >= 1 && job.mr <= MR && job.ng >= 1 && job.ng <= 2);
     if isa >= Isa::Avx512 {
         by_fmt!(tile_512)
+    } else if isa == Isa::Avx2Vnni {
+        by_fmt!(tile_avx2_vnni)
     } else {
         by_fmt!(tile_avx2)
     }
@@ -130,6 +141,11 @@ pub(crate) fn quantize_act_row(
         if isa >= Isa::Avx512 && bk.is_multiple_of(16) {
             // SAFETY: AVX-512 was detected (isa <= detected); slice bounds checked above.
             unsafe { avx512::quantize_act_row_512(x, bk, q, d, s) }
+            return;
+        }
+        if bk.is_multiple_of(16) {
+            // SAFETY: AVX2 was detected (isa <= detected); slice bounds checked above.
+            unsafe { avx2::quantize_act_row_avx2(x, bk, q, d, s) }
             return;
         }
     }
@@ -177,6 +193,45 @@ pub(crate) fn swiglu(isa: Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
     scalar::swiglu(gate, up, out);
 }
 
+// ------------------------------------------------------------------ RMS norm
+
+/// `Σ x²`, in one fixed order on every level (so norms are bit-identical across levels).
+pub(crate) fn sum_squares(isa: Isa, x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        // SAFETY: AVX2 + FMA detected; reads stay within `x`.
+        return unsafe { avx2::sum_squares_avx2(x.as_ptr(), x.len()) };
+    }
+    let _ = isa;
+    scalar::sum_squares(x)
+}
+
+/// `out[i] = x[i] * r * w[i]` over the shortest of the three.
+pub(crate) fn scale_mul(isa: Isa, x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let n = out.len().min(x.len()).min(w.len());
+        // SAFETY: AVX2 detected; every access is below `n`.
+        unsafe { avx2::scale_mul_avx2(x.as_ptr(), r, w.as_ptr(), out.as_mut_ptr(), n) };
+        return;
+    }
+    let _ = isa;
+    scalar::scale_mul(x, r, w, out);
+}
+
+/// `x[i] += d[i]` over the shorter of the two.
+pub(crate) fn add_assign(isa: Isa, x: &mut [f32], d: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa >= Isa::Avx2 {
+        let n = x.len().min(d.len());
+        // SAFETY: AVX2 detected; every access is below `n`.
+        unsafe { avx2::add_assign_avx2(x.as_mut_ptr(), d.as_ptr(), n) };
+        return;
+    }
+    let _ = isa;
+    scalar::add_assign(x, d);
+}
+
 // ------------------------------------------------------------------ attention
 
 /// Element kind of the KV arena, resolved by type id (never by trusting a user impl).
@@ -192,8 +247,8 @@ fn kv_kind<T: KvElem>() -> Option<bool> {
 }
 
 /// SIMD attention for query tokens `t..t + nq` and the `ng` kv groups from `g`, in one pass
-/// over the positions (`ng > 1`, AVX-512 only: a decode token reads each position's K/V row
-/// of all heads at once, one sequential stream instead of one strided pass per group).
+/// over the positions (with `ng > 1` a decode token reads each position's K/V row of all
+/// heads at once, one sequential stream instead of one strided pass per group).
 /// `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns false if the
 /// shape is not handled (the caller then runs the portable version).
 #[allow(clippy::too_many_arguments)]
@@ -214,14 +269,8 @@ pub(crate) fn attend_groups<T: KvElem>(
     };
     let hd = a.head_dim;
     let gs = a.n_heads / a.n_kv_heads;
-    // Multi-token tiles and multi-group passes only in the AVX-512 kernel; at most 64 rows
-    // (tokens × heads).
-    if nq == 0
-        || ng == 0
-        || g + ng > a.n_kv_heads
-        || nq * gs * ng > 64
-        || ((nq > 1 || ng > 1) && isa < Isa::Avx512)
-    {
+    // At most 64 rows (tokens × heads) per pass.
+    if nq == 0 || ng == 0 || g + ng > a.n_kv_heads || nq * gs * ng > 64 || isa < Isa::Avx2 {
         return false;
     }
     let row = a.n_kv_heads * hd;
@@ -287,6 +336,7 @@ pub(crate) fn attend_groups<T: KvElem>(
             80 => run!(attn_avx2, 10),
             96 => run!(attn_avx2, 12),
             128 => run!(attn_avx2, 16),
+            256 => run!(attn_avx2, 32),
             _ => return false,
         }
     }
@@ -332,6 +382,49 @@ impl AttnCtx<'_> {
             if slot == self.bs {
                 slot = 0;
                 blk += 1;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every level quantizes activations to the same bytes, scales and sums, ties included
+    /// (a block whose largest magnitude is 127 has scale 1, so `2.5` is a tie and rounds to
+    /// even: 2).
+    #[test]
+    fn activation_quantization_is_the_same_on_every_level() {
+        let mut state = 7u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % 20001) as f32 / 100.0 - 100.0
+        };
+        for bk in [16usize, 32] {
+            let n = bk * 6;
+            let mut x: Vec<f32> = (0..n).map(|_| next()).collect();
+            // Block 1: exact ties; block 2: all zero.
+            x[bk] = 127.0;
+            for (j, v) in x[bk + 1..2 * bk].iter_mut().enumerate() {
+                *v = j as f32 - 7.5;
+            }
+            x[2 * bk..3 * bk].iter_mut().for_each(|v| *v = 0.0);
+            let mut want = None;
+            for level in Isa::supported() {
+                let (mut q, mut d, mut s) = (vec![0i8; n], vec![0f32; n / bk], vec![0f32; n / bk]);
+                quantize_act_row(level, &x, bk, &mut q, &mut d, &mut s);
+                assert_eq!(q[bk + 1 + 5], -2, "{level}: -2.5 rounds to even");
+                assert_eq!(q[bk + 1 + 10], 2, "{level}: 2.5 rounds to even");
+                assert_eq!(&q[2 * bk..3 * bk], &[0i8; 32][..bk], "{level}: zero block");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                let got = (q, bits(&d), bits(&s));
+                match &want {
+                    None => want = Some(got),
+                    Some(w) => assert_eq!(&got, w, "{level} (bk {bk})"),
+                }
             }
         }
     }

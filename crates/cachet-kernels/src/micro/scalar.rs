@@ -53,6 +53,39 @@ pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `Σ x²` in the lane order of the SIMD version ([`super::sum_squares`]): 8 lanes of fused
+/// multiply-adds, the lanes summed pairwise as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, then
+/// the tail in order. Bit-identical to it on every level.
+pub(crate) fn sum_squares(x: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = v.mul_add(v, *a);
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+    for &v in tail {
+        s = v.mul_add(v, s);
+    }
+    s
+}
+
+/// `out[i] = x[i] * r * w[i]`.
+pub(crate) fn scale_mul(x: &[f32], r: f32, w: &[f32], out: &mut [f32]) {
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * r * g;
+    }
+}
+
+/// `x[i] += d[i]`.
+pub(crate) fn add_assign(x: &mut [f32], d: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(d) {
+        *a += b;
+    }
+}
+
 /// Partial attention of all query heads in kv group `g` for query token `t` over positions
 /// `p0..p1`: writes `[m, l, acc[head_dim]]` per head into `part`.
 #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,218 @@
+//! AVX2 paged attention: the structure of the AVX-512 kernel (`super::avx512::attn_512`) on
+//! 8-lane vectors. A pass takes a tile of `nq` query tokens × the heads of `ng` consecutive
+//! kv groups (at most 64 rows): per chunk of positions, f16 K/V rows are converted once into
+//! an f32 scratch shared by every row of the tile; scores for 8 positions at a time with a
+//! transposed reduction; one online-softmax rescale per chunk and row; then P·V with the
+//! row's accumulators in registers. Rows past their causal end skip the chunk's tail.
+
+use std::arch::x86_64::*;
+
+use super::avx2::exp256;
+use super::{AttnCtx, CHUNK};
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn ld256(p: *const u8, is_f16: bool) -> __m256 {
+    if is_f16 {
+        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+    } else {
+        _mm256_loadu_ps(p as *const f32)
+    }
+}
+
+/// Horizontal sums of 8 vectors: lane `j` of the result is the sum of `v[j]`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn reduce8(v: &[__m256; 8]) -> __m256 {
+    let t0 = _mm256_hadd_ps(v[0], v[1]);
+    let t1 = _mm256_hadd_ps(v[2], v[3]);
+    let t2 = _mm256_hadd_ps(v[4], v[5]);
+    let t3 = _mm256_hadd_ps(v[6], v[7]);
+    // Per 128-bit lane: [v0, v1, v2, v3] and [v4, v5, v6, v7] partial sums.
+    let u0 = _mm256_hadd_ps(t0, t1);
+    let u1 = _mm256_hadd_ps(t2, t3);
+    _mm256_add_ps(
+        _mm256_permute2f128_ps(u0, u1, 0x20),
+        _mm256_permute2f128_ps(u0, u1, 0x31),
+    )
+}
+
+/// Largest lane.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn hmax256(v: __m256) -> f32 {
+    let x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_max_ss(x, _mm_shuffle_ps(x, x, 1)))
+}
+
+/// Sum of the lanes.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+pub(crate) unsafe fn hsum256(v: __m256) -> f32 {
+    let x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+    _mm_cvtss_f32(_mm_add_ss(x, _mm_shuffle_ps(x, x, 1)))
+}
+
+/// All-ones in the lanes below `n` (0..=8).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn lanes_below(n: usize) -> __m256 {
+    let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx))
+}
+
+thread_local! {
+    /// Reused buffers of [`attn_avx2`].
+    static ATTN_SCRATCH: std::cell::Cell<Vec<__m256>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// AVX2 attention for a tile of `nq` query tokens × the heads of `ng` kv groups (`HV` =
+/// head_dim / 8 vectors per row); see the module docs.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
+    let hd = c.hd;
+    let gs = c.gs;
+    let ng = c.ng;
+    // Row r: token r / (gs·ng), head (r % (gs·ng)) of the pass, in group (r % (gs·ng)) / gs.
+    let per_tok = gs * ng;
+    let rows = (c.nq * per_tok).min(64);
+    // Vectors per position in the f32 copies (all groups of the pass).
+    let pv = ng * HV;
+    let mut mx = [f32::NEG_INFINITY; 64];
+    let mut lsum = [0f32; 64];
+    let mut kp = [0usize; CHUNK];
+    let mut s = [0f32; CHUNK];
+    let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
+    let mut scratch = ATTN_SCRATCH.take();
+    let need = rows * HV + 2 * buf_rows * pv;
+    if scratch.len() < need {
+        scratch.resize(need, _mm256_setzero_ps());
+    }
+    let (acc, rest) = scratch.split_at_mut(rows * HV);
+    acc.fill(_mm256_setzero_ps());
+    let (kbuf, rest) = rest.split_at_mut(buf_rows * pv);
+    let vbuf = &mut rest[..buf_rows * pv];
+    let mut krow = [std::ptr::null::<f32>(); CHUNK];
+    let mut vrow = [std::ptr::null::<f32>(); CHUNK];
+    let mut c0 = c.p0;
+    while c0 < c.ctx {
+        let n = (c.ctx - c0).min(CHUNK);
+        c.offsets(c0, &mut kp[..n]);
+        for j in 0..CHUNK {
+            let jj = if j < n { j } else { 0 };
+            if c.is_f16 {
+                if j < n {
+                    let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
+                    for i in 0..pv {
+                        kbuf[j * pv + i] = ld256(kr.add(16 * i), true);
+                        vbuf[j * pv + i] = ld256(vr.add(16 * i), true);
+                    }
+                }
+                krow[j] = kbuf.as_ptr().add(jj * pv) as *const f32;
+                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const f32;
+            } else {
+                krow[j] = c.kb.add(kp[jj]) as *const f32;
+                vrow[j] = c.vb.add(kp[jj]) as *const f32;
+            }
+        }
+        for r in 0..rows {
+            let (ti, h) = (r / per_tok, r % per_tok);
+            // This row's group within the position rows: `go` floats in.
+            let go = (h / gs) * hd;
+            // causal end of this row within the chunk
+            let end = (c.ctx0 + ti).min(c.ctx);
+            if end <= c0 {
+                continue;
+            }
+            let nr = (end - c0).min(n);
+            let qh = c.qp.add(ti * c.qstride + h * hd);
+            let mut qv = [_mm256_setzero_ps(); HV];
+            for (i, qv) in qv.iter_mut().enumerate() {
+                *qv = _mm256_mul_ps(_mm256_loadu_ps(qh.add(8 * i)), _mm256_set1_ps(c.scale));
+            }
+            let mut cmax = _mm256_set1_ps(f32::NEG_INFINITY);
+            let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+            let mut j = 0;
+            while j < nr {
+                let cnt = (nr - j).min(8);
+                let mut dv = [_mm256_setzero_ps(); 8];
+                for (jj, dv) in dv.iter_mut().enumerate() {
+                    let kr = krow[(j + jj).min(CHUNK - 1)].add(go);
+                    let mut d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+                    for (i, qv) in qv.iter().enumerate().skip(1) {
+                        d = _mm256_fmadd_ps(*qv, _mm256_loadu_ps(kr.add(8 * i)), d);
+                    }
+                    *dv = d;
+                }
+                let rv = _mm256_blendv_ps(ninf, reduce8(&dv), lanes_below(cnt));
+                cmax = _mm256_max_ps(cmax, rv);
+                _mm256_storeu_ps(s.as_mut_ptr().add(j), rv);
+                j += 8;
+            }
+            // online softmax over the chunk
+            let new_m = mx[r].max(hmax256(cmax));
+            let alpha = if mx[r] == f32::NEG_INFINITY {
+                0.0
+            } else {
+                (mx[r] - new_m).exp()
+            };
+            mx[r] = new_m;
+            let nm = _mm256_set1_ps(new_m);
+            let mut sum = _mm256_setzero_ps();
+            let mut j = 0;
+            while j < nr {
+                let valid = lanes_below((nr - j).min(8));
+                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(j)), nm));
+                let e = _mm256_and_ps(e, valid);
+                sum = _mm256_add_ps(sum, e);
+                _mm256_storeu_ps(s.as_mut_ptr().add(j), e);
+                j += 8;
+            }
+            lsum[r] = lsum[r] * alpha + hsum256(sum);
+            // P·V; with fewer than 8 vectors per row, two accumulator sets (even/odd
+            // positions) hide the FMA latency.
+            let al = _mm256_set1_ps(alpha);
+            let mut a0 = [_mm256_setzero_ps(); HV];
+            for (i, a0) in a0.iter_mut().enumerate() {
+                *a0 = _mm256_mul_ps(acc[r * HV + i], al);
+            }
+            let mut j = 0;
+            if HV < 8 {
+                let mut a1 = [_mm256_setzero_ps(); HV];
+                while j + 2 <= nr {
+                    let (p0, p1) = (_mm256_set1_ps(s[j]), _mm256_set1_ps(s[j + 1]));
+                    let (v0, v1) = (vrow[j].add(go), vrow[j + 1].add(go));
+                    for i in 0..HV {
+                        a0[i] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), a0[i]);
+                        a1[i] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1.add(8 * i)), a1[i]);
+                    }
+                    j += 2;
+                }
+                for i in 0..HV {
+                    a0[i] = _mm256_add_ps(a0[i], a1[i]);
+                }
+            }
+            while j < nr {
+                let p0 = _mm256_set1_ps(s[j]);
+                let v0 = vrow[j].add(go);
+                for (i, a0) in a0.iter_mut().enumerate() {
+                    *a0 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), *a0);
+                }
+                j += 1;
+            }
+            acc[r * HV..(r + 1) * HV].copy_from_slice(&a0);
+        }
+        c0 += n;
+    }
+    for r in 0..rows {
+        let ph = c.op.add(r * (hd + 2));
+        *ph = mx[r];
+        *ph.add(1) = lsum[r];
+        for i in 0..HV {
+            _mm256_storeu_ps(ph.add(2 + 8 * i), acc[r * HV + i]);
+        }
+    }
+    ATTN_SCRATCH.set(scratch);
+}
