@@ -28,3 +28,22 @@ pub struct KvLoadRequest {
     /// The local blocks to fill and the hash each must hold, in table order.
     pub blocks: Vec<(BlockId, BlockHash)>,
 }
+
+/// Which tier supplied a loaded block (per-request metrics and the by-source counters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TierTag {
+    /// The host-memory tier.
+    Host,
+    /// A shared Redis (or Redis Cluster) tier.
+    Redis,
+}
+
+impl TierTag {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TierTag::Host => "host",
+            TierTag::Redis => "redis",
+        }
+    }
+}

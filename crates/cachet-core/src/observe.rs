@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use crate::connector::TierTag;
 use crate::hash::BlockHash;
 use crate::kv_manager::KvEffects;
 use crate::request::FinishReason;
@@ -61,11 +62,12 @@ pub enum Effect<'a> {
         num_computed: usize,
         kv: &'a KvEffects,
     },
-    /// A request's external loads resolved: the first `loaded_tokens` of the pending ones
-    /// arrived intact; the rest will be computed.
+    /// A request's external loads resolved: the leading blocks listed in `sources` (the tier
+    /// each came from) arrived intact and count as loaded; the `failed_tokens` after them will
+    /// be computed.
     LoadsResolved {
         slot: u32,
-        loaded_tokens: usize,
+        sources: &'a [TierTag],
         failed_tokens: usize,
     },
     /// Blocks were allocated for a running request's next chunk.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::block_pool::Evicted;
-use crate::connector::{KvLoadRequest, KvLookup};
+use crate::connector::{KvLoadRequest, KvLookup, TierTag};
 use crate::exec::{ExecBatch, SampleSpec, Sampled, SeqChunk};
 use crate::hash::{BlockHash, ExtraKeys, HashSeed};
 use crate::kv_manager::{KvCacheManager, KvEffects, ReqKv};
@@ -602,24 +602,31 @@ impl<O: Observer> Scheduler<O> {
         Some(Admission::Running(n))
     }
 
-    /// A waiting request's loads are done: `ok[j]` says whether block `j` of its
-    /// [`KvLoadRequest`] arrived intact. The leading intact blocks count as loaded (the executor
-    /// must write exactly those, in the next step's batch); from the first failure on, every
-    /// block is computed. Returns how many leading blocks to write, or `None` when the request
-    /// is gone (aborted) or `handle` names another request.
-    pub fn resolve_loads(&mut self, slot: u32, handle: u64, ok: &[bool]) -> Option<usize> {
+    /// A waiting request's loads are done: `outcome[j]` names the tier block `j` of its
+    /// [`KvLoadRequest`] came from, or `None` when it failed (missing, timed out, rejected by
+    /// its integrity check). The leading intact blocks count as loaded (the executor must
+    /// write exactly those, in the next step's batch); from the first failure on, every block
+    /// is computed. Returns how many leading blocks to write, or `None` when the request is
+    /// gone (aborted) or `handle` names another request.
+    pub fn resolve_loads(
+        &mut self,
+        slot: u32,
+        handle: u64,
+        outcome: &[Option<TierTag>],
+    ) -> Option<usize> {
         let b = self.cfg.block_size;
         let r = self.slots.get_mut(slot as usize)?.as_mut()?;
         if r.handle != handle || r.status != Status::Loading {
             return None;
         }
-        let loaded = ok.iter().take_while(|&&o| o).count();
+        let sources: Vec<TierTag> = outcome.iter().map_while(|o| *o).collect();
+        let loaded = sources.len();
         r.num_computed += loaded * b;
         r.status = Status::Running;
         self.obs.observe(Effect::LoadsResolved {
             slot,
-            loaded_tokens: loaded * b,
-            failed_tokens: (ok.len() - loaded) * b,
+            sources: &sources,
+            failed_tokens: (outcome.len() - loaded) * b,
         });
         self.loading.retain(|&s| s != slot);
         self.running.push(slot);

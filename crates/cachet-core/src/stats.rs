@@ -256,6 +256,15 @@ counters! {
     prompt_tokens_cached => "vllm:prompt_tokens_cached",
         help "Number of cached prompt tokens (local + external)",
         meaning "local + external cached prompt tokens";
+    prompt_tokens_cached_device => "vllm:prompt_tokens_cached_by_source" ["source" = "device"],
+        help "Prefix-cache hit tokens by the cache tier that supplied them: device (the local block pool), host (the host-memory tier), redis (a shared Redis tier)",
+        meaning "cached prompt tokens from the local block pool";
+    prompt_tokens_cached_host => "vllm:prompt_tokens_cached_by_source" ["source" = "host"],
+        help "Prefix-cache hit tokens by the cache tier that supplied them",
+        meaning "cached prompt tokens loaded from the host-memory tier";
+    prompt_tokens_cached_redis => "vllm:prompt_tokens_cached_by_source" ["source" = "redis"],
+        help "Prefix-cache hit tokens by the cache tier that supplied them",
+        meaning "cached prompt tokens loaded from a shared Redis tier";
     generation_tokens => "vllm:generation_tokens",
         help "Number of generation tokens processed",
         meaning "generated tokens";

@@ -4,7 +4,10 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::KvLookup;
+use cachet_core::connector::{KvLookup, TierTag};
+
+/// A block the (fake) Redis tier supplied.
+const R: Option<TierTag> = Some(TierTag::Redis);
 use cachet_core::hash::BlockHash;
 use cachet_core::FinishReason;
 
@@ -277,8 +280,8 @@ fn external_tier_tokens_are_cached_not_computed() {
     let g = s.s.gauges();
     assert_eq!((g.num_requests_running, g.num_requests_waiting, g.num_requests_waiting_for_kv), (0, 1, 1));
     // A stale resolution (another handle) is ignored.
-    assert_eq!(s.s.resolve_loads(slot, load.handle + 1, &[true; 3]), None);
-    assert_eq!(s.s.resolve_loads(slot, load.handle, &[true; 3]), Some(3));
+    assert_eq!(s.s.resolve_loads(slot, load.handle + 1, &[R; 3]), None);
+    assert_eq!(s.s.resolve_loads(slot, load.handle, &[R; 3]), Some(3));
     let (out, _) = s.step_with(2.0, Some(&mut tier));
     assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (48, 52));
     let fin = s.take_finished();
@@ -297,6 +300,10 @@ fn external_tier_tokens_are_cached_not_computed() {
         (48, 52)
     );
     assert_eq!(t.blocks_filled, 6);
+    assert_eq!(
+        (t.prompt_tokens_cached_device, t.prompt_tokens_cached_redis, t.prompt_tokens_cached_host),
+        (0, 48, 0)
+    );
 }
 
 /// Spec §2: the second of three blocks fails to load. The first counts as loaded; the second
@@ -309,7 +316,7 @@ fn failed_loads_are_computed_and_counted_as_computed() {
     let slot = s.add(req("a", toks(0, 100), 1)).unwrap();
     let (out, _) = s.step_with(1.0, Some(&mut tier));
     let handle = out.kv_loads[0].handle;
-    assert_eq!(s.s.resolve_loads(slot, handle, &[true, false, true]), Some(1));
+    assert_eq!(s.s.resolve_loads(slot, handle, &[R, None, R]), Some(1));
     let (out, _) = s.step_with(2.0, Some(&mut tier));
     assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (16, 84));
     let st = stats_of(&s.take_finished(), "a");
@@ -333,7 +340,7 @@ fn abort_while_loading_frees_and_ignores_the_late_resolution() {
     let handle = out.kv_loads[0].handle;
     let up = s.finish("a", FinishReason::Abort, 1.5).unwrap();
     assert_eq!(up.finish, Some(FinishReason::Abort));
-    assert_eq!(s.s.resolve_loads(slot, handle, &[true, true]), None);
+    assert_eq!(s.s.resolve_loads(slot, handle, &[R, R]), None);
     assert_eq!(s.s.kv_manager().pool().num_free(), 64);
     assert!(!s.s.has_unfinished());
     let st = stats_of(&s.take_finished(), "a");

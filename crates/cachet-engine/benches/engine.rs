@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use cachet_engine::sim::{decode_workload_core, decode_workload_request};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 fn step_1000_decodes(c: &mut Criterion) {
@@ -24,8 +24,7 @@ fn step_1000_decodes(c: &mut Criterion) {
                 spent += start.elapsed();
                 let finished = outs.iter().filter(|o| o.finish.is_some()).count();
                 for _ in 0..finished {
-                    core.add_request(decode_workload_request(next))
-                        .expect("fits");
+                    add_decode_workload_request(&mut core, next).expect("fits");
                     next += 1;
                 }
             }

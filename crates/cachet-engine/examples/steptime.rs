@@ -3,7 +3,7 @@
 //! min / median / max of 20 rounds of 400 steps (replacing finished requests is included).
 use std::time::Instant;
 
-use cachet_engine::sim::{decode_workload_core, decode_workload_request};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core};
 
 fn main() {
     let telemetry = std::env::args().nth(1).is_none_or(|a| a != "off");
@@ -23,8 +23,7 @@ fn main() {
             let outs = core.step(|| tt).expect("step");
             let finished = outs.iter().filter(|o| o.finish.is_some()).count();
             for _ in 0..finished {
-                core.add_request(decode_workload_request(next))
-                    .expect("fits");
+                add_decode_workload_request(&mut core, next).expect("fits");
                 next += 1;
             }
         }

@@ -1,36 +1,92 @@
-//! [`EngineCore`]: one step of the engine (schedule → execute → update → stats), shared by the
-//! threaded engine and the offline API.
+//! [`EngineCore`]: one step of the engine — resolve finished KV loads, plan, offload evicted
+//! blocks, start new loads, execute (loads first), update, save new cache entries, report —
+//! shared by the threaded engine and the offline API.
 
-use cachet_core::exec::Executor;
-use cachet_core::scheduler::{AddRequestError, RequestUpdate, SchedulerOutput};
+use std::collections::HashMap;
+
+use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::exec::{BlockLoad, Executor};
+use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
-use cachet_core::{FinishReason, HashSeed, NewRequest, Scheduler, SchedulerConfig};
+use cachet_core::{
+    BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig,
+    ValidRequest,
+};
 
-use crate::{RequestMetrics, StatLogger, StepStats};
+use crate::tier::{KvTier, LoadTicket, Payload, SaveReason};
+use crate::{StatLogger, StepStats};
+
+/// How an [`EngineCore`] is put together.
+pub struct CoreOptions {
+    /// Reporting on or off. Off: no recorder, every number stays zero; decisions are
+    /// identical.
+    pub telemetry: bool,
+    pub loggers: Vec<Box<dyn StatLogger>>,
+    pub tier: Option<Box<dyn KvTier>>,
+}
+
+impl Default for CoreOptions {
+    fn default() -> Self {
+        CoreOptions {
+            telemetry: true,
+            loggers: Vec::new(),
+            tier: None,
+        }
+    }
+}
 
 pub struct EngineCore<E: Executor> {
-    scheduler: Scheduler,
+    scheduler: Scheduler<Option<Recorder>>,
     executor: E,
+    tier: Option<Box<dyn KvTier>>,
     deltas: DeltaTracker,
     loggers: Vec<Box<dyn StatLogger>>,
+    /// Loads in flight: handle → the blocks they fill, in order.
+    inflight: HashMap<u64, Vec<BlockId>>,
+    /// Resolved loads to write in the next executed batch: (slot, block, bytes).
+    ready_loads: Vec<(u32, BlockId, Payload)>,
     /// Every schedule made, when recording is on (for determinism tests).
     schedule_log: Option<Vec<SchedulerOutput>>,
+    /// The last step had nothing to execute (every live request waits for its loads).
+    idle: bool,
 }
 
 impl<E: Executor> EngineCore<E> {
-    pub fn new(cfg: SchedulerConfig, executor: E, loggers: Vec<Box<dyn StatLogger>>) -> Self {
+    pub fn new(mut cfg: SchedulerConfig, executor: E, opts: CoreOptions) -> Self {
         let seed = HashSeed::new(
             &executor.model_fingerprint(),
             cfg.block_size,
             &executor.kv_layout(),
         );
-        EngineCore {
-            scheduler: Scheduler::new(cfg, seed),
-            executor,
-            deltas: DeltaTracker::default(),
-            loggers,
-            schedule_log: None,
+        if let Some(t) = &opts.tier {
+            let on = t.saves_on();
+            cfg.report_evictions |= on.evicted;
+            cfg.report_new_entries |= on.filled;
         }
+        let recorder = opts.telemetry.then(|| Recorder::new(cfg.block_size));
+        EngineCore {
+            scheduler: Scheduler::new(cfg, seed, recorder),
+            executor,
+            tier: opts.tier,
+            deltas: DeltaTracker::default(),
+            loggers: opts.loggers,
+            inflight: HashMap::new(),
+            ready_loads: Vec::new(),
+            schedule_log: None,
+            idle: false,
+        }
+    }
+
+    /// The last step had nothing to execute: every live request waits for external loads.
+    pub fn last_step_idle(&self) -> bool {
+        self.idle
+    }
+
+    /// Drop every prefix-cache entry; only while no request holds a block.
+    pub fn reset_prefix_cache(&mut self) -> bool {
+        let done = self.scheduler.reset_prefix_cache();
+        self.emit_stats(None);
+        done
     }
 
     pub fn record_schedules(&mut self) {
@@ -44,101 +100,205 @@ impl<E: Executor> EngineCore<E> {
             .unwrap_or_default()
     }
 
-    pub fn scheduler(&self) -> &Scheduler {
+    pub fn scheduler(&self) -> &Scheduler<Option<Recorder>> {
         &self.scheduler
     }
 
-    pub fn scheduler_mut(&mut self) -> &mut Scheduler {
+    pub fn scheduler_mut(&mut self) -> &mut Scheduler<Option<Recorder>> {
         &mut self.scheduler
     }
 
-    pub fn add_request(&mut self, req: NewRequest) -> Result<u32, AddRequestError> {
-        self.scheduler.add_request(req)
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    /// The recorder (`None` with telemetry off).
+    pub fn recorder(&self) -> Option<&Recorder> {
+        self.scheduler.observer().as_ref()
     }
 
     pub fn add_logger(&mut self, logger: Box<dyn StatLogger>) {
         self.loggers.push(logger);
     }
 
-    /// End a live request (abort or frontend stop); its stats reach the loggers.
-    pub fn finish_request(
+    pub fn add_request(
         &mut self,
-        request_id: &str,
-        reason: FinishReason,
+        handle: u64,
         now: f64,
-    ) -> Option<RequestUpdate> {
-        let update = self.scheduler.finish_request(request_id, reason, now)?;
-        let finished = self.scheduler.take_finished();
-        self.emit_stats(finished, None);
-        Some(update)
+        req: ValidRequest,
+    ) -> Result<u32, AddError> {
+        self.scheduler.add_request(handle, now, req)
+    }
+
+    /// End the live request in `slot` (abort, frontend stop, engine error); its stats reach
+    /// the loggers.
+    pub fn finish(&mut self, slot: u32, reason: FinishReason, now: f64) -> Option<RequestUpdate> {
+        let update = self.scheduler.finish(slot, reason, now)?;
+        let mut updates = vec![update];
+        self.attach_reports(&mut updates);
+        self.emit_stats(None);
+        updates.pop()
     }
 
     /// Run one step. Returns the updates of the requests that produced a token or finished.
-    pub fn step(
-        &mut self,
-        now: impl Fn() -> f64,
-    ) -> Result<Vec<RequestUpdate>, cachet_core::ExecError> {
-        let plan = self.scheduler.schedule(now());
+    pub fn step(&mut self, now: impl Fn() -> f64) -> Result<Vec<RequestUpdate>, ExecError> {
+        self.resolve_loads();
+        let t0 = now();
+        let plan = {
+            let tier = self.tier.as_deref_mut().map(|t| t as &mut dyn KvLookup);
+            self.scheduler.schedule(t0, tier)
+        };
         if let Some(log) = self.schedule_log.as_mut() {
             log.push(plan.clone());
         }
-        if plan.is_empty() {
-            self.emit_stats(Vec::new(), None);
+        self.offload_evicted(&plan);
+        self.start_loads(&plan);
+        // Loads of requests preempted while planning are dropped: their blocks are gone.
+        self.ready_loads
+            .retain(|(slot, _, _)| !plan.preempted.contains(slot));
+        self.idle = plan.is_empty() && self.ready_loads.is_empty();
+        if self.idle {
+            self.emit_stats(None);
             return Ok(Vec::new());
         }
         let results = {
-            let batch = self.scheduler.exec_batch(&plan);
+            let mut batch = self.scheduler.exec_batch(&plan);
+            batch.loads = self
+                .ready_loads
+                .iter()
+                .map(|(_, block, data)| BlockLoad {
+                    block: *block,
+                    data,
+                })
+                .collect();
             self.executor.execute(&batch)?
         };
-        let updates = self.scheduler.update(&plan, results, now());
-        let finished = self.scheduler.take_finished();
-        self.emit_stats(finished, Some(plan.num_tokens() as u64));
+        self.ready_loads.clear();
+        let mut updates = self.scheduler.update(&plan, results, now());
+        self.save_new_entries();
+        self.attach_reports(&mut updates);
+        self.emit_stats((!plan.is_empty()).then_some(plan.num_tokens() as u64));
         Ok(updates)
     }
 
-    fn emit_stats(&mut self, finished: Vec<FinishedRequestStats>, iteration_tokens: Option<u64>) {
-        let deltas = self.deltas.advance(&self.scheduler.totals());
-        let samples = self.scheduler.take_latency_samples();
+    /// Hand resolved loads to the scheduler; keep the intact leading blocks for the batch.
+    fn resolve_loads(&mut self) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        for done in tier.poll_loads() {
+            let Some(blocks) = self.inflight.remove(&done.ticket.handle) else {
+                continue;
+            };
+            let outcome: Vec<Option<TierTag>> = done
+                .blocks
+                .iter()
+                .map(|r| r.as_ref().ok().map(|(_, t)| *t))
+                .collect();
+            let LoadTicket { slot, handle } = done.ticket;
+            let Some(n) = self.scheduler.resolve_loads(slot, handle, &outcome) else {
+                continue;
+            };
+            for (block, res) in blocks.into_iter().zip(done.blocks).take(n) {
+                if let Ok((payload, _)) = res {
+                    self.ready_loads.push((slot, block, payload));
+                }
+            }
+        }
+    }
+
+    fn start_loads(&mut self, plan: &SchedulerOutput) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        for lr in &plan.kv_loads {
+            let (blocks, hashes): (Vec<BlockId>, Vec<_>) = lr.blocks.iter().copied().unzip();
+            self.inflight.insert(lr.handle, blocks);
+            tier.start_load(
+                LoadTicket {
+                    slot: lr.slot,
+                    handle: lr.handle,
+                },
+                hashes,
+            );
+        }
+    }
+
+    /// Copy the KV of cache entries this plan evicted to the tier before the step overwrites
+    /// their blocks.
+    fn offload_evicted(&mut self, plan: &SchedulerOutput) {
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        if !tier.saves_on().evicted {
+            return;
+        }
+        for ev in &plan.evicted {
+            let mut buf = Vec::with_capacity(self.executor.block_bytes());
+            if self.executor.save_block(ev.block, &mut buf).is_ok() {
+                tier.save(ev.hash, Payload::from(buf), SaveReason::Evicted);
+            }
+        }
+    }
+
+    fn save_new_entries(&mut self) {
+        let entries = self.scheduler.take_new_entries();
+        let Some(tier) = self.tier.as_mut() else {
+            return;
+        };
+        for (block, hash) in entries {
+            let mut buf = Vec::with_capacity(self.executor.block_bytes());
+            if self.executor.save_block(block, &mut buf).is_ok() {
+                tier.save(hash, Payload::from(buf), SaveReason::Filled);
+            }
+        }
+    }
+
+    /// Attach the recorder's reports to the updates they belong to (same order, same slots).
+    fn attach_reports(&mut self, updates: &mut [RequestUpdate]) {
+        let Some(rec) = self.scheduler.observer_mut().as_mut() else {
+            return;
+        };
+        if !rec.has_reports() {
+            return;
+        }
+        let mut i = 0;
+        for (slot, report) in rec.take_reports() {
+            let wanted = |u: &RequestUpdate| {
+                u.slot == slot && u.report.is_none() && (u.first_token || u.finish.is_some())
+            };
+            let found = updates[i..].iter().position(wanted).map(|p| p + i);
+            let found = found.or_else(|| updates.iter().position(wanted));
+            if let Some(j) = found {
+                updates[j].report = Some(Box::new(report));
+                i = j;
+            }
+        }
+    }
+
+    fn emit_stats(&mut self, iteration_tokens: Option<u64>) {
+        let gauges = self.scheduler.gauges();
+        let Some(rec) = self.scheduler.observer_mut().as_mut() else {
+            return;
+        };
+        let deltas = self.deltas.advance(&rec.totals());
+        let samples = rec.take_latency_samples();
+        let finished: Vec<FinishedRequestStats> = rec.take_finished();
         let stats = StepStats {
             deltas,
-            gauges: self.scheduler.gauges(),
+            gauges,
             finished,
             ttft_s: samples.ttft_s,
             itl_s: samples.itl_s,
             iteration_tokens,
         };
-        // A stats message whenever any delta is non-zero (or something finished), even in a step
-        // without tokens.
+        // A stats message whenever any delta is non-zero (or something finished), even in a
+        // step without tokens.
         if !stats.deltas.is_zero() || !stats.finished.is_empty() || stats.iteration_tokens.is_some()
         {
             for l in &mut self.loggers {
                 l.record(&stats);
             }
-        }
-    }
-}
-
-impl RequestMetrics {
-    pub fn from_finished(f: &FinishedRequestStats) -> Self {
-        let gen = f.generation_tokens;
-        RequestMetrics {
-            queue_time_ms: f.queue_time_s * 1000.0,
-            time_to_first_token_ms: f.ttft_s.map(|t| t * 1000.0),
-            generation_time_ms: f.decode_time_s * 1000.0,
-            mean_itl_ms: if gen > 1 {
-                f.decode_time_s * 1000.0 / (gen - 1) as f64
-            } else {
-                0.0
-            },
-            tokens_per_second: if f.e2e_s > 0.0 {
-                gen as f64 / f.e2e_s
-            } else {
-                0.0
-            },
-            prompt_tokens: f.prompt_tokens,
-            generation_tokens: gen,
-            e2e_ms: f.e2e_s * 1000.0,
-            num_preemptions: f.num_preemptions,
         }
     }
 }

@@ -1,12 +1,13 @@
 //! The offline API: run requests to completion on the calling thread.
 
 use cachet_core::exec::Executor;
-use cachet_core::scheduler::AddRequestError;
+use cachet_core::request::InvalidRequest;
+use cachet_core::scheduler::AddError;
 use cachet_core::stats::{CounterDeltas, PrefillStats};
-use cachet_core::{ExecError, FinishReason, NewRequest, SchedulerConfig, TokenId};
+use cachet_core::{ExecError, FinishReason, RequestDraft, SchedulerConfig, TokenId};
 use serde::Serialize;
 
-use crate::core_loop::EngineCore;
+use crate::core_loop::{CoreOptions, EngineCore};
 use crate::{StatLogger, StepStats};
 
 /// The result of one request.
@@ -21,8 +22,10 @@ pub struct CompletedRequest {
 
 #[derive(Debug, thiserror::Error)]
 pub enum OfflineError {
-    #[error("request {id:?} rejected: {err}")]
-    Rejected { id: String, err: AddRequestError },
+    #[error("request {id:?} is invalid: {err}")]
+    Invalid { id: String, err: InvalidRequest },
+    #[error("request {id:?} refused: {err}")]
+    Refused { id: String, err: AddError },
     #[error(transparent)]
     Exec(#[from] ExecError),
 }
@@ -47,18 +50,27 @@ pub struct OfflineEngine<E: Executor> {
     /// tests); `None`: wall-clock time.
     pub logical_step_seconds: Option<f64>,
     clock: f64,
+    next_handle: u64,
 }
 
 impl<E: Executor> OfflineEngine<E> {
     pub fn new(cfg: SchedulerConfig, executor: E) -> Self {
         let totals = TotalsLogger::default();
-        let core = EngineCore::new(cfg, executor, vec![Box::new(totals.clone())]);
+        let core = EngineCore::new(
+            cfg,
+            executor,
+            CoreOptions {
+                loggers: vec![Box::new(totals.clone())],
+                ..CoreOptions::default()
+            },
+        );
         OfflineEngine {
             core,
             totals,
             start: std::time::Instant::now(),
             logical_step_seconds: None,
             clock: 0.0,
+            next_handle: 0,
         }
     }
 
@@ -80,22 +92,29 @@ impl<E: Executor> OfflineEngine<E> {
     }
 
     /// Submit all requests at once and run until every one has finished. Outputs are in
-    /// submission order.
+    /// submission order; each request's label is its id.
     pub fn generate(
         &mut self,
-        reqs: Vec<NewRequest>,
+        reqs: Vec<RequestDraft>,
     ) -> Result<Vec<CompletedRequest>, OfflineError> {
         let mut results: Vec<CompletedRequest> = Vec::with_capacity(reqs.len());
         // Slot → index in `results`, for the requests still running.
         let mut by_slot: Vec<Option<usize>> = Vec::new();
         self.tick();
-        for mut r in reqs {
-            r.arrival_time = self.clock;
-            let id = r.request_id.clone();
+        let limits = self.core.scheduler().config().limits();
+        for r in reqs {
+            let id = r.label.to_string();
+            let valid = limits
+                .validate(r)
+                .map_err(|err| OfflineError::Invalid {
+                    id: id.clone(),
+                    err,
+                })?;
+            self.next_handle += 1;
             let slot = self
                 .core
-                .add_request(r)
-                .map_err(|err| OfflineError::Rejected {
+                .add_request(self.next_handle, self.clock, valid)
+                .map_err(|err| OfflineError::Refused {
                     id: id.clone(),
                     err,
                 })? as usize;
@@ -129,8 +148,8 @@ impl<E: Executor> OfflineEngine<E> {
                 if let Some(tok) = &up.token {
                     c.output_token_ids.push(tok.token);
                 }
-                if let Some(p) = up.prefill_stats {
-                    c.prefill_stats = Some(*p);
+                if let Some(p) = up.report.as_ref().and_then(|r| r.prefill_stats) {
+                    c.prefill_stats = Some(p);
                 }
                 if let Some(f) = up.finish {
                     c.finish_reason = f;

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use cachet_core::exec::{ExecBatch, ExecError, Executor, Sampled};
+use cachet_core::BlockId;
 
 use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
 
@@ -35,6 +36,9 @@ pub struct SimConfig {
     /// position's fingerprint is read (its chain still covers every earlier token as it was
     /// when written) — for scheduler benchmarks at zero model cost.
     pub full_context_check: bool,
+    /// Fault injection: panic on the step that computes this token sequence (tests of the
+    /// engine's failure path).
+    pub panic_on: Option<Vec<u32>>,
 }
 
 impl Default for SimConfig {
@@ -51,6 +55,7 @@ impl Default for SimConfig {
             decode_cost_per_seq: Duration::ZERO,
             model_name: "cachet-sim".into(),
             full_context_check: true,
+            panic_on: None,
         }
     }
 }
@@ -115,7 +120,53 @@ impl Executor for SimExecutor {
         "sim:u64".into()
     }
 
+    /// A block's fingerprints, little-endian: exactly what a tier would have held.
+    fn block_bytes(&self) -> usize {
+        self.cfg.block_size * 8
+    }
+
+    fn save_block(&self, block: BlockId, out: &mut Vec<u8>) -> Result<(), ExecError> {
+        let b = self.cfg.block_size;
+        let start = block as usize * b;
+        let cells = self
+            .arena
+            .get(start..start + b)
+            .ok_or_else(|| Self::bad_slot(start, Some(block)))?;
+        out.extend(cells.iter().flat_map(|v| v.to_le_bytes()));
+        Ok(())
+    }
+
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+        if let Some(seq) = &self.cfg.panic_on {
+            let hit = batch
+                .seqs
+                .iter()
+                .any(|s| !seq.is_empty() && s.tokens.windows(seq.len()).any(|w| w == seq.as_slice()));
+            if hit {
+                panic!("simulated executor: injected panic");
+            }
+        }
+        let b = self.cfg.block_size;
+        for load in &batch.loads {
+            let want = self.block_bytes();
+            if load.data.len() != want {
+                return Err(ExecError::BadLoad {
+                    block: load.block,
+                    got: load.data.len(),
+                    want,
+                });
+            }
+            let start = load.block as usize * b;
+            let cells = self
+                .arena
+                .get_mut(start..start + b)
+                .ok_or_else(|| Self::bad_slot(start, Some(load.block)))?;
+            for (c, bytes) in cells.iter_mut().zip(load.data.chunks_exact(8)) {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(bytes);
+                *c = u64::from_le_bytes(w);
+            }
+        }
         let timed =
             !self.cfg.prefill_cost_per_token.is_zero() || !self.cfg.decode_cost_per_seq.is_zero();
         let (mut prefill_tokens, mut decode_seqs) = (0u32, 0u32);
@@ -189,9 +240,9 @@ impl Executor for SimExecutor {
 /// The steady decode workload of the step benchmark (`benches/engine.rs`,
 /// `examples/steptime.rs`): request `i` has an 8-token prompt and generates `64 + i % 128`
 /// tokens ignoring EOS, so a few requests finish (and are replaced) in every step.
-pub fn decode_workload_request(i: u64) -> cachet_core::NewRequest {
+pub fn decode_workload_request(i: u64) -> cachet_core::RequestDraft {
     let prompt: Vec<u32> = (0..8).map(|j| ((i * 8 + j) % 40_000) as u32).collect();
-    cachet_core::NewRequest::new(
+    cachet_core::RequestDraft::new(
         format!("r{i}"),
         prompt,
         cachet_core::SamplingParams {
@@ -201,6 +252,16 @@ pub fn decode_workload_request(i: u64) -> cachet_core::NewRequest {
     )
 }
 
+/// Validate and add request `i` of the decode workload under handle `i`.
+pub fn add_decode_workload_request(
+    core: &mut crate::core_loop::EngineCore<SimExecutor>,
+    i: u64,
+) -> Option<u32> {
+    let limits = core.scheduler().config().limits();
+    let v = limits.validate(decode_workload_request(i)).ok()?;
+    core.add_request(i, 0.0, v).ok()
+}
+
 /// An engine core for that workload with `n` requests running (one prefill step taken):
 /// `16 n` blocks, `n` sequences, zero model cost, the last-position read of the simulator.
 pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::EngineCore<SimExecutor> {
@@ -208,7 +269,7 @@ pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::Engine
         num_blocks: 16 * n as usize,
         max_num_seqs: n as usize,
         max_num_batched_tokens: 8192.max(8 * n as usize),
-        telemetry,
+        max_waiting_requests: usize::MAX,
         ..Default::default()
     };
     let sim = SimExecutor::new(SimConfig {
@@ -216,9 +277,16 @@ pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::Engine
         full_context_check: false,
         ..Default::default()
     });
-    let mut core = crate::core_loop::EngineCore::new(cfg, sim, Vec::new());
+    let mut core = crate::core_loop::EngineCore::new(
+        cfg,
+        sim,
+        crate::core_loop::CoreOptions {
+            telemetry,
+            ..Default::default()
+        },
+    );
     for i in 0..n {
-        if core.add_request(decode_workload_request(i)).is_err() {
+        if add_decode_workload_request(&mut core, i).is_none() {
             break;
         }
     }

@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 
 use cachet_core::scheduler::SchedulerOutput;
-use cachet_core::{FinishReason, NewRequest, SamplingParams, SchedulerConfig, SchedulingPolicy};
-use cachet_engine::core_loop::EngineCore;
+use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig, SchedulingPolicy};
+use cachet_engine::core_loop::{CoreOptions, EngineCore};
 use cachet_engine::sim::{SimConfig, SimExecutor};
 use cachet_engine::{FinishedRequestStats, StatLogger, StepStats};
 use proptest::prelude::*;
@@ -75,25 +75,32 @@ fn prompt(a: &Arrival) -> Vec<u32> {
     p
 }
 
-fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
+fn run(arrivals: &[Arrival], cfg: SchedulerConfig, telemetry: bool) -> RunResult {
     let collect = Collect::default();
     let sim = SimExecutor::new(SimConfig {
         num_blocks: cfg.num_blocks,
         block_size: cfg.block_size,
         ..Default::default()
     });
-    let mut core = EngineCore::new(cfg.clone(), sim, vec![Box::new(collect.clone())]);
+    let opts = CoreOptions {
+        telemetry,
+        loggers: vec![Box::new(collect.clone())],
+        tier: None,
+    };
+    let limits = cfg.limits();
+    let mut core = EngineCore::new(cfg.clone(), sim, opts);
     core.record_schedules();
     let mut outputs: Vec<(String, Vec<u32>, Option<FinishReason>)> = Vec::new();
-    // Live slot → index in `outputs`.
+    // Live slot → index in `outputs`; arrival index → live slot.
     let mut by_slot: std::collections::HashMap<u32, usize> = Default::default();
+    let mut slot_of: std::collections::HashMap<usize, u32> = Default::default();
     let mut step = 0usize;
     let mut t = 0.0;
     loop {
         t += 1.0;
         for (i, a) in arrivals.iter().enumerate() {
             if a.step == step {
-                let mut r = NewRequest::new(
+                let mut r = RequestDraft::new(
                     format!("r{i}"),
                     prompt(a),
                     SamplingParams {
@@ -103,16 +110,23 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
                 );
                 r.cache_salt = a.salt.map(|s| format!("salt{s}"));
                 r.priority = a.priority;
-                r.arrival_time = t;
-                if let Ok(slot) = core.add_request(r) {
+                let added = limits
+                    .validate(r)
+                    .ok()
+                    .and_then(|v| core.add_request(i as u64 + 1, t, v).ok());
+                if let Some(slot) = added {
                     by_slot.insert(slot, outputs.len());
+                    slot_of.insert(i, slot);
                     outputs.push((format!("r{i}"), Vec::new(), None));
                 }
             }
             if a.abort_after.map(|d| a.step + d) == Some(step) {
-                if let Some(o) = core.finish_request(&format!("r{i}"), FinishReason::Abort, t) {
+                let live = slot_of.remove(&i);
+                if let Some(o) = live.and_then(|slot| core.finish(slot, FinishReason::Abort, t)) {
                     let e = &mut outputs[by_slot.remove(&o.slot).unwrap()];
-                    assert_eq!(o.finished.as_ref().unwrap().request_id, e.0);
+                    if let Some(f) = o.report.as_ref().and_then(|r| r.finished.as_ref()) {
+                        assert_eq!(&*f.request_id, e.0);
+                    }
                     e.2 = o.finish;
                 }
             }
@@ -125,10 +139,13 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
                 e.1.push(tok.token);
             }
             if o.finish.is_some() {
-                // The slot named this request until now: the final update carries its id.
-                assert_eq!(o.finished.as_ref().unwrap().request_id, e.0);
+                // The slot named this request until now: the final report carries its label.
+                if let Some(f) = o.report.as_ref().and_then(|r| r.finished.as_ref()) {
+                    assert_eq!(&*f.request_id, e.0);
+                }
                 e.2 = o.finish;
                 by_slot.remove(&o.slot);
+                slot_of.retain(|_, s| *s != o.slot);
             }
         }
         core.scheduler().check_invariants().unwrap();
@@ -150,13 +167,7 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig) -> RunResult {
     }
 }
 
-fn config(
-    num_blocks: usize,
-    budget: usize,
-    caching: bool,
-    telemetry: bool,
-    priority: bool,
-) -> SchedulerConfig {
+fn config(num_blocks: usize, budget: usize, caching: bool, priority: bool) -> SchedulerConfig {
     SchedulerConfig {
         block_size: 4,
         num_blocks,
@@ -171,7 +182,6 @@ fn config(
             SchedulingPolicy::Fcfs
         },
         eos_token_ids: vec![2],
-        telemetry,
         ..SchedulerConfig::default()
     }
 }
@@ -186,8 +196,8 @@ proptest! {
         budget in 8usize..64,
         priority in any::<bool>(),
     ) {
-        let cfg = config(num_blocks, budget, true, true, priority);
-        let on = run(&arrivals, cfg.clone());
+        let cfg = config(num_blocks, budget, true, priority);
+        let on = run(&arrivals, cfg.clone(), true);
 
         // Per-request invariants and Σ per-request logical fields = aggregate counters.
         let finished: Vec<FinishedRequestStats> = on.steps.iter().flat_map(|s| s.finished.clone()).collect();
@@ -221,7 +231,7 @@ proptest! {
         prop_assert_eq!(sum[0], totals.prefix_cache_queries);
 
         // Invariant 2: reporting off → identical schedules and outputs.
-        let off = run(&arrivals, config(num_blocks, budget, true, false, priority));
+        let off = run(&arrivals, config(num_blocks, budget, true, priority), false);
         prop_assert_eq!(&on.schedules, &off.schedules);
         prop_assert_eq!(&on.outputs, &off.outputs);
         prop_assert!(off.steps.iter().all(|s| s.deltas.is_zero()));
@@ -236,8 +246,8 @@ proptest! {
         num_blocks in 40usize..80,
     ) {
         let arrivals: Vec<Arrival> = arrivals.into_iter().map(|a| Arrival { abort_after: None, ..a }).collect();
-        let on = run(&arrivals, config(num_blocks, 32, true, true, false));
-        let off = run(&arrivals, config(num_blocks, 32, false, true, false));
+        let on = run(&arrivals, config(num_blocks, 32, true, false), true);
+        let off = run(&arrivals, config(num_blocks, 32, false, false), true);
         prop_assert_eq!(&on.outputs, &off.outputs);
     }
 }
@@ -258,7 +268,7 @@ fn tight_workload_exercises_preemption_hits_aborts_and_evictions() {
             priority: 0,
         })
         .collect();
-    let r = run(&arrivals, config(40, 32, true, true, false));
+    let r = run(&arrivals, config(40, 32, true, false), true);
     let mut t = cachet_engine::CounterDeltas::default();
     for s in &r.steps {
         t.accumulate(&s.deltas);

@@ -7,6 +7,7 @@ use cachet_engine::sim::{SimConfig, SimExecutor};
 fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]) -> u32 {
     let params = SamplingParams::greedy(1);
     let batch = ExecBatch {
+        loads: Vec::new(),
         seqs: vec![SeqChunk {
             slot: 0,
             tokens: &tokens[start..],

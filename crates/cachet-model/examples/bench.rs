@@ -24,6 +24,7 @@ struct Seq {
 fn step(e: &mut LlamaExecutor, seqs: &mut [Seq], params: &SamplingParams) {
     let out = {
         let batch = ExecBatch {
+            loads: Vec::new(),
             seqs: seqs
                 .iter()
                 .enumerate()

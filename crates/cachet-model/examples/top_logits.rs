@@ -25,6 +25,7 @@ fn main() {
     let table: Vec<u32> = (0..64).collect();
     let params = SamplingParams::default();
     let batch = ExecBatch {
+        loads: Vec::new(),
         seqs: vec![SeqChunk {
             slot: 0,
             tokens: &ids,

@@ -144,6 +144,7 @@ fn cachet_logits_along(
     let mut start = 0;
     for end in prompt.len()..total {
         let batch = ExecBatch {
+            loads: Vec::new(),
             seqs: vec![SeqChunk {
                 slot: 0,
                 tokens: &seq[start..end],

@@ -419,6 +419,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let mut e = exec(c, kv);
     let got = e
         .execute_logits(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&p, 0, &table_a, &params)],
         })
         .expect("exec");
@@ -431,6 +432,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     for n in [5, 7, 1, 6] {
         let got = e
             .execute_logits(&ExecBatch {
+                loads: Vec::new(),
                 seqs: vec![chunk(&p[start..start + n], start, &table_a, &params)],
             })
             .expect("exec");
@@ -456,6 +458,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let table_b: Vec<u32> = [0, 1, 2, 20, 21, 22].to_vec();
     let got = e
         .execute_logits(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&q[12..], 12, &table_b, &params)],
         })
         .expect("exec");
@@ -477,6 +480,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let table_f: Vec<u32> = vec![40, 41, 42];
     let table_o: Vec<u32> = vec![50];
     let batch = ExecBatch {
+        loads: Vec::new(),
         seqs: vec![
             chunk(&a_next[19..], 19, &table_a, &params),
             chunk(&r[8..], 8, &table_r, &params),
@@ -500,6 +504,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let want_two = c.dense.forward(&two);
     let got = e
         .execute_logits(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&two[1..], 1, &table_o, &params)],
         })
         .expect("exec");
@@ -585,6 +590,7 @@ fn invalid_batches_are_errors_not_panics() {
     let short = [0u32];
     assert!(
         e.execute(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&toks, 0, &short, &params)]
         })
         .is_err(),
@@ -593,6 +599,7 @@ fn invalid_batches_are_errors_not_panics() {
     let far = [1000u32, 1001];
     assert!(
         e.execute(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&toks, 0, &far, &params)]
         })
         .is_err(),
@@ -601,6 +608,7 @@ fn invalid_batches_are_errors_not_panics() {
     let bad = [VOCAB as u32];
     assert!(
         e.execute(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&bad, 0, &short, &params)]
         })
         .is_err(),
@@ -609,6 +617,7 @@ fn invalid_batches_are_errors_not_panics() {
     let empty: [u32; 0] = [];
     assert!(
         e.execute(&ExecBatch {
+            loads: Vec::new(),
             seqs: vec![chunk(&empty, 0, &short, &params)]
         })
         .is_err(),

@@ -8,6 +8,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use cachet_core::RequestDraft;
 use cachet_engine::ChatMessage;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -15,9 +16,9 @@ use serde_json::{json, Value};
 use crate::body::read_json;
 use crate::error::{AnthropicError, ApiError};
 use crate::generate::{
-    check_session_id, Final, GenEvent, GenSpec, Generation, StopKind, REQUEST_ID_HEADER,
+    check_session_id, response_id, Final, GenEvent, Generation, StopKind, REQUEST_ID_HEADER,
 };
-use crate::sampling::{build_sampling, check_cache_salt, SamplingInput};
+use crate::sampling::{build_sampling, check_cache_salt, Api, SamplingInput};
 use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json, session_json};
 use crate::AppState;
 
@@ -106,7 +107,7 @@ pub struct MessagesRequest {
 
 fn stop_reason(f: &Final) -> (&'static str, Value) {
     match &f.stop {
-        StopKind::Eos | StopKind::Abort => ("end_turn", Value::Null),
+        StopKind::Eos | StopKind::Abort | StopKind::Error => ("end_turn", Value::Null),
         StopKind::Length => ("max_tokens", Value::Null),
         StopKind::StopString(s) => ("stop_sequence", json!(s)),
     }
@@ -153,7 +154,7 @@ pub async fn messages(
             content: m.content.to_text("messages")?,
         });
     }
-    let tok = state.engine().tokenizer().clone();
+    let tok = state.tokenizer().clone();
     let rendered = tok.apply_chat_template(&chat, true).map_err(|e| {
         ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
     })?;
@@ -167,18 +168,15 @@ pub async fn messages(
         top_k: req.top_k,
         ..Default::default()
     };
-    let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), "max_tokens")?;
+    let (sampling, max_tokens) = build_sampling(&input, Api::Anthropic, "max_tokens")?;
     check_cache_salt(&req.cache_salt)?;
-    check_session_id(&req.session_id)?;
-    let spec = GenSpec {
-        prompt,
-        sampling,
-        stop: req.stop_sequences.clone().unwrap_or_default(),
-        cache_salt: req.cache_salt.clone(),
-        priority: 0,
-        session_id: req.session_id.clone(),
-    };
-    let mut gen = Generation::start(&state, &headers, "msg_", spec)?;
+    check_session_id(req.session_id.as_deref())?;
+    let mut draft = RequestDraft::new(response_id(&headers, "msg_"), prompt, sampling);
+    draft.max_tokens = max_tokens;
+    draft.cache_salt = req.cache_salt.clone();
+    draft.session_id = req.session_id.as_deref().map(std::sync::Arc::from);
+    let mut gen = Generation::start(&state, draft, req.stop_sequences.clone().unwrap_or_default())
+        .await?;
     let id = gen.request_id().to_string();
     let mut resp = if req.stream.unwrap_or(false) {
         Sse::new(stream_events(state, gen, model)).into_response()
@@ -191,7 +189,14 @@ pub async fn messages(
                 GenEvent::Done(f) => fin = Some(f),
             }
         }
-        let fin = fin.unwrap_or_else(|| aborted(&gen));
+        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        if let Some(e) = &fin.error {
+            let mut resp = ApiError::Internal(e.to_string()).anthropic_response();
+            if let Ok(v) = HeaderValue::from_str(&id) {
+                resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+            }
+            return Ok(resp);
+        }
         let (reason, seq) = stop_reason(&fin);
         let mut body = json!({
             "id": id,
@@ -220,11 +225,11 @@ pub async fn messages(
 fn aborted(gen: &Generation) -> Final {
     Final {
         stop: StopKind::Abort,
-        prefill: gen.prefill().copied(),
-        metrics: None,
-        session: gen.session().cloned().map(Box::new),
+        report: gen.report().cloned(),
+        session: gen.session().cloned(),
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
+        error: None,
     }
 }
 
@@ -242,7 +247,7 @@ fn stream_events(
             "message": {
                 "id": id, "type": "message", "role": "assistant", "model": model,
                 "content": [], "stop_reason": null, "stop_sequence": null,
-                "usage": anthropic_start_usage(gen.prefill(), gen.session(), gen.prompt_len()),
+                "usage": anthropic_start_usage(gen.report(), gen.session(), gen.prompt_len()),
             }
         });
         if let Some(s) = gen.session() {
@@ -264,7 +269,12 @@ fn stream_events(
             }
             next = gen.next().await;
         }
-        let fin = fin.unwrap_or_else(|| aborted(&gen));
+        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        if let Some(e) = &fin.error {
+            // The engine failed mid-stream: Anthropic's error event ends the stream.
+            yield event("error", &ApiError::Internal(e.to_string()).anthropic_body());
+            return;
+        }
         yield event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
         let (reason, seq) = stop_reason(&fin);
         let mut delta = json!({

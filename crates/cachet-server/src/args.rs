@@ -30,6 +30,9 @@ pub struct ServerArgs {
     /// Seconds between periodic stats log lines; 0 disables them.
     #[arg(long, default_value_t = 10.0)]
     pub log_stats_interval: f64,
+    /// On SIGTERM, seconds to let live requests finish before aborting them.
+    #[arg(long, default_value_t = 30.0)]
+    pub shutdown_timeout: f64,
 }
 
 impl Default for ServerArgs {
@@ -42,6 +45,7 @@ impl Default for ServerArgs {
             enable_per_request_metrics: false,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log_stats_interval: 10.0,
+            shutdown_timeout: 30.0,
         }
     }
 }

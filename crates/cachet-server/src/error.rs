@@ -31,6 +31,9 @@ pub enum ApiError {
     QueueFull,
     #[error("The server is shutting down.")]
     ShuttingDown,
+    /// The engine's core thread failed: nothing more is served until a restart.
+    #[error("The engine failed and is not serving requests.")]
+    EngineDead,
     #[error("Internal error: {0}")]
     Internal(String),
 }
@@ -57,7 +60,9 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::SessionBusy(_) => StatusCode::CONFLICT,
-            ApiError::QueueFull | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::QueueFull | ApiError::ShuttingDown | ApiError::EngineDead => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -86,6 +91,7 @@ impl ApiError {
             ApiError::SessionBusy(_) => ("conflict_error", Some("session_busy")),
             ApiError::QueueFull => ("server_error", Some("overloaded")),
             ApiError::ShuttingDown => ("server_error", Some("shutting_down")),
+            ApiError::EngineDead => ("server_error", Some("engine_dead")),
             ApiError::Internal(_) => ("server_error", Some("internal_error")),
         }
     }
@@ -99,13 +105,17 @@ impl ApiError {
             ApiError::Unauthorized => "authentication_error",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
             ApiError::QueueFull | ApiError::ShuttingDown => "overloaded_error",
+            ApiError::EngineDead => "api_error",
             ApiError::Internal(_) => "api_error",
         }
     }
 
     fn finish(&self, body: serde_json::Value) -> Response {
         let mut resp = (self.status(), axum::Json(body)).into_response();
-        if matches!(self, ApiError::QueueFull | ApiError::ShuttingDown) {
+        if matches!(
+            self,
+            ApiError::QueueFull | ApiError::ShuttingDown | ApiError::EngineDead
+        ) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
@@ -117,24 +127,32 @@ impl ApiError {
     }
 
     /// `{"error": {"message", "type", "param", "code"}}`
-    pub fn openai_response(&self) -> Response {
+    pub fn openai_body(&self) -> serde_json::Value {
         let (ty, code) = self.openai_type_and_code();
-        self.finish(json!({
+        json!({
             "error": {
                 "message": self.to_string(),
                 "type": ty,
                 "param": self.param(),
                 "code": code,
             }
-        }))
+        })
+    }
+
+    pub fn openai_response(&self) -> Response {
+        self.finish(self.openai_body())
     }
 
     /// `{"type": "error", "error": {"type", "message"}}`
-    pub fn anthropic_response(&self) -> Response {
-        self.finish(json!({
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        json!({
             "type": "error",
             "error": { "type": self.anthropic_type(), "message": self.to_string() }
-        }))
+        })
+    }
+
+    pub fn anthropic_response(&self) -> Response {
+        self.finish(self.anthropic_body())
     }
 }
 

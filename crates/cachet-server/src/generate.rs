@@ -1,14 +1,15 @@
-//! One generation, from `add_request` to the final output: incremental detokenization, stop
+//! One generation, from admission to the final output: incremental detokenization, stop
 //! strings, and the engine's final numbers. Shared by the OpenAI and Anthropic routes.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
-use cachet_core::{FinishReason, NewRequest, PrefillStats, Sampled, SamplingParams};
+use cachet_core::request::InvalidRequest;
+use cachet_core::{FinishReason, Report, RequestDraft, Sampled, SessionInfo};
 use cachet_engine::{
-    AddRequestError, CoreAddError, IncrementalDetokenizer, RequestMetrics, RequestStream,
-    SessionReport,
+    AddError, AddRequestError, EngineFailure, EngineState, IncrementalDetokenizer,
+    RequestHandle, RequestStream,
 };
 
 use crate::error::ApiError;
@@ -18,33 +19,16 @@ use crate::AppState;
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Longest accepted `X-Request-Id`.
 const MAX_REQUEST_ID_LEN: usize = 256;
-/// Longest accepted `session_id` (characters).
-pub const MAX_SESSION_ID_LEN: usize = 256;
 
-/// Validates an optional `session_id`: non-empty and at most [`MAX_SESSION_ID_LEN`] characters.
-pub fn check_session_id(id: &Option<String>) -> Result<(), ApiError> {
+/// Checks a `session_id` the way the engine will (one rule, in the core).
+pub fn check_session_id(id: Option<&str>) -> Result<(), ApiError> {
     match id {
-        Some(s) if s.is_empty() => Err(ApiError::bad_param(
+        Some(s) if !cachet_core::request::valid_session_id(s) => Err(ApiError::bad_param(
             "session_id",
-            "`session_id` must not be empty.",
-        )),
-        Some(s) if s.chars().count() > MAX_SESSION_ID_LEN => Err(ApiError::bad_param(
-            "session_id",
-            format!("`session_id` must be at most {MAX_SESSION_ID_LEN} characters."),
+            InvalidRequest::BadSessionId.to_string(),
         )),
         _ => Ok(()),
     }
-}
-
-/// What the route asks the engine for.
-pub struct GenSpec {
-    pub prompt: Vec<u32>,
-    pub sampling: SamplingParams,
-    pub stop: Vec<String>,
-    pub cache_salt: Option<String>,
-    pub priority: i32,
-    /// Resumable session the request is a turn of (validated by [`check_session_id`]).
-    pub session_id: Option<String>,
 }
 
 /// Why a generation ended, in the server's words.
@@ -58,6 +42,8 @@ pub enum StopKind {
     StopString(String),
     /// The engine aborted the request (e.g. shutdown).
     Abort,
+    /// The engine failed while the request was live.
+    Error,
 }
 
 impl StopKind {
@@ -66,6 +52,7 @@ impl StopKind {
             StopKind::Eos | StopKind::StopString(_) => "stop",
             StopKind::Length => "length",
             StopKind::Abort => "abort",
+            StopKind::Error => "error",
         }
     }
 }
@@ -74,14 +61,16 @@ impl StopKind {
 #[derive(Clone, Debug)]
 pub struct Final {
     pub stop: StopKind,
-    pub prefill: Option<PrefillStats>,
-    pub metrics: Option<RequestMetrics>,
-    /// Session turns: how the engine served the turn (from the final output, else the first).
-    pub session: Option<Box<SessionReport>>,
+    /// The recorder's final report (first-token report when the final one is missing).
+    pub report: Option<Report>,
+    /// Session turns: how the engine served the turn.
+    pub session: Option<SessionInfo>,
     /// Prompt length the server sent (used only if the engine reported none).
     pub prompt_len: usize,
     /// Tokens received from the engine (used only if the engine reported no count).
     pub tokens_received: u64,
+    /// Set when the engine failed (the response is an error).
+    pub error: Option<EngineFailure>,
 }
 
 /// New text (possibly empty) and, when asked for, the sampled tokens with their logprobs.
@@ -94,7 +83,7 @@ pub struct Delta {
 #[derive(Debug)]
 pub enum GenEvent {
     Delta(Delta),
-    Done(Final),
+    Done(Box<Final>),
 }
 
 /// A running request. Dropping it drops the engine stream, which aborts the request.
@@ -107,81 +96,74 @@ pub struct Generation {
     want_tokens: bool,
     prompt_len: usize,
     tokens_received: u64,
-    prefill: Option<PrefillStats>,
-    session: Option<SessionReport>,
+    report: Option<Report>,
+    session: Option<SessionInfo>,
     stop_hit: Option<String>,
     queue: VecDeque<GenEvent>,
     done: bool,
 }
 
-fn caller_request_id(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(REQUEST_ID_HEADER)?.to_str().ok()?.trim();
-    if v.is_empty() || v.len() > MAX_REQUEST_ID_LEN {
-        return None;
+/// The response id: the caller's `X-Request-Id` when it is usable, else `<prefix><uuid>`. A
+/// label only: two requests may carry the same one.
+pub fn response_id(headers: &HeaderMap, prefix: &str) -> String {
+    let caller = headers
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN);
+    match caller {
+        Some(v) => v.to_string(),
+        None => format!("{prefix}{}", uuid::Uuid::new_v4().simple()),
     }
-    Some(v.to_string())
 }
 
-fn fresh_id(prefix: &str) -> String {
-    format!("{prefix}{}", uuid::Uuid::new_v4().simple())
+fn map_invalid(e: InvalidRequest) -> ApiError {
+    match e {
+        InvalidRequest::PromptTooLong { .. }
+        | InvalidRequest::TooManyTokens { .. }
+        | InvalidRequest::CannotFit { .. } => ApiError::ContextLength(e.to_string()),
+        InvalidRequest::ZeroMaxTokens => ApiError::bad_param("max_tokens", e.to_string()),
+        InvalidRequest::MinTokensAboveMax { .. } => {
+            ApiError::bad_param("min_tokens", e.to_string())
+        }
+        InvalidRequest::BadSessionId => ApiError::bad_param("session_id", e.to_string()),
+        InvalidRequest::EmptyPrompt => ApiError::bad_request(e.to_string()),
+    }
 }
 
 fn map_add_error(e: AddRequestError) -> ApiError {
     match e {
-        AddRequestError::QueueFull(_) => ApiError::QueueFull,
-        AddRequestError::ShuttingDown => ApiError::ShuttingDown,
-        AddRequestError::Invalid(core) => match core {
-            CoreAddError::PromptTooLong { .. } | CoreAddError::CannotFit { .. } => {
-                ApiError::ContextLength(core.to_string())
-            }
-            CoreAddError::DuplicateId(_) => ApiError::Internal(core.to_string()),
-            CoreAddError::SessionBusy(id) => ApiError::SessionBusy(id),
-            other => ApiError::bad_request(other.to_string()),
-        },
+        AddRequestError::Refused(AddError::QueueFull { .. }) => ApiError::QueueFull,
+        AddRequestError::Refused(AddError::SessionBusy(id)) => ApiError::SessionBusy(id.to_string()),
+        AddRequestError::NotRunning(EngineState::Dead) => ApiError::EngineDead,
+        AddRequestError::NotRunning(_) => ApiError::ShuttingDown,
     }
 }
 
 impl Generation {
-    /// Submits the request. The engine id is the caller's `X-Request-Id` when it is unique among
-    /// live requests, otherwise `<prefix><uuid>`.
-    pub fn start(
+    /// Validates the draft against the engine's limits (the one validation of the request) and
+    /// submits it. `draft.label` is the response id.
+    pub async fn start(
         state: &AppState,
-        headers: &HeaderMap,
-        prefix: &str,
-        spec: GenSpec,
+        draft: RequestDraft,
+        stop: Vec<String>,
     ) -> Result<Self, ApiError> {
-        let want_tokens = spec.sampling.logprobs.is_some();
-        let prompt_len = spec.prompt.len();
-        let mut req = NewRequest::new(
-            caller_request_id(headers).unwrap_or_else(|| fresh_id(prefix)),
-            spec.prompt,
-            spec.sampling,
-        );
-        req.cache_salt = spec.cache_salt;
-        req.priority = spec.priority;
-        req.session_id = spec.session_id;
+        let want_tokens = draft.sampling.logprobs.is_some();
+        let prompt_len = draft.prompt.len();
+        let request_id = draft.label.to_string();
         let engine = state.engine();
-        let mut attempt = 0;
-        let stream = loop {
-            match engine.add_request(req.clone()) {
-                Ok(s) => break s,
-                Err(AddRequestError::Invalid(CoreAddError::DuplicateId(_))) if attempt < 3 => {
-                    attempt += 1;
-                    req.request_id = fresh_id(prefix);
-                }
-                Err(e) => return Err(map_add_error(e)),
-            }
-        };
+        let valid = engine.limits().validate(draft).map_err(map_invalid)?;
+        let stream = engine.add_request(valid).await.map_err(map_add_error)?;
         Ok(Generation {
             state: state.clone(),
             stream,
-            request_id: req.request_id,
-            detok: IncrementalDetokenizer::new(Arc::clone(engine.tokenizer())),
-            stop: crate::stop::StopMatcher::new(spec.stop),
+            request_id,
+            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer())),
+            stop: crate::stop::StopMatcher::new(stop),
             want_tokens,
             prompt_len,
             tokens_received: 0,
-            prefill: None,
+            report: None,
             session: None,
             stop_hit: None,
             queue: VecDeque::new(),
@@ -189,18 +171,23 @@ impl Generation {
         })
     }
 
-    /// The engine request id (also the response id).
+    /// The response id (the request's label).
     pub fn request_id(&self) -> &str {
         &self.request_id
     }
 
-    /// Prefill stats of the first output (known once the first event has been returned).
-    pub fn prefill(&self) -> Option<&PrefillStats> {
-        self.prefill.as_ref()
+    /// The engine's handle of the request.
+    pub fn handle(&self) -> RequestHandle {
+        self.stream.handle()
     }
 
-    /// The session report of the latest output that carried one (session turns only).
-    pub fn session(&self) -> Option<&SessionReport> {
+    /// The recorder's report of the first output (known once the first event was returned).
+    pub fn report(&self) -> Option<&Report> {
+        self.report.as_ref()
+    }
+
+    /// How the engine served a session turn (known with the first output).
+    pub fn session(&self) -> Option<&SessionInfo> {
         self.session.as_ref()
     }
 
@@ -221,14 +208,16 @@ impl Generation {
             match self.stream.next().await {
                 None => {
                     // The engine closed the stream without a final output.
-                    self.end(None, None, None);
+                    let died = (self.state.engine().state() == EngineState::Dead)
+                        .then(|| EngineFailure::Died("the engine stopped".into()));
+                    self.end(None, died);
                 }
                 Some(out) => {
-                    if self.prefill.is_none() {
-                        self.prefill = out.prefill_stats;
+                    if out.report.is_some() {
+                        self.report = out.report.map(|r| *r);
                     }
                     if out.session.is_some() {
-                        self.session = out.session.clone();
+                        self.session = out.session;
                     }
                     self.tokens_received += out.tokens.len() as u64;
                     let mut delta = Delta::default();
@@ -246,7 +235,7 @@ impl Generation {
                             if out.finish_reason.is_none() {
                                 self.state
                                     .engine()
-                                    .finish(&self.request_id, FinishReason::Stop);
+                                    .finish(self.stream.handle(), FinishReason::Stop);
                             }
                         }
                     }
@@ -266,34 +255,33 @@ impl Generation {
                         self.queue.push_back(GenEvent::Delta(delta));
                     }
                     if let Some(reason) = out.finish_reason {
-                        let prefill = out.prefill_stats.or(self.prefill);
-                        self.end(Some(reason), prefill, out.metrics);
+                        self.end(Some(reason), out.error);
                     }
                 }
             }
         }
     }
 
-    fn end(
-        &mut self,
-        reason: Option<FinishReason>,
-        prefill: Option<PrefillStats>,
-        metrics: Option<RequestMetrics>,
-    ) {
-        let stop = match (&self.stop_hit, reason) {
-            (Some(s), _) => StopKind::StopString(s.clone()),
-            (None, Some(FinishReason::Stop)) => StopKind::Eos,
-            (None, Some(FinishReason::Length)) => StopKind::Length,
-            (None, Some(FinishReason::Abort)) | (None, None) => StopKind::Abort,
+    fn end(&mut self, reason: Option<FinishReason>, error: Option<EngineFailure>) {
+        let stop = match (&self.stop_hit, reason, &error) {
+            (_, _, Some(_)) | (None, Some(FinishReason::Error), _) => StopKind::Error,
+            (Some(s), _, _) => StopKind::StopString(s.clone()),
+            (None, Some(FinishReason::Stop), _) => StopKind::Eos,
+            (None, Some(FinishReason::Length), _) => StopKind::Length,
+            (None, Some(FinishReason::Abort), _) | (None, None, _) => StopKind::Abort,
         };
-        self.queue.push_back(GenEvent::Done(Final {
+        let error = match (stop == StopKind::Error, error) {
+            (true, None) => Some(EngineFailure::Model("the request failed".into())),
+            (_, e) => e,
+        };
+        self.queue.push_back(GenEvent::Done(Box::new(Final {
             stop,
-            prefill,
-            metrics,
-            session: self.session.clone().map(Box::new),
+            report: self.report.clone(),
+            session: self.session.clone(),
             prompt_len: self.prompt_len,
             tokens_received: self.tokens_received,
-        }));
+            error,
+        })));
         self.done = true;
     }
 }

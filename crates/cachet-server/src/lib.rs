@@ -12,13 +12,14 @@
 //! **Sessions** (spec §5): a `session_id` on `/v1/chat/completions`, `/v1/completions` or
 //! `/v1/messages` makes the request a turn of a resumable session (the engine keeps its KV
 //! between turns). Its usage counts the whole prompt sent, with retained + hit tokens as cached
-//! (built in `usage.rs` from the engine's `SessionReport`), and the response carries a
+//! (built in `usage.rs` from the engine's `SessionInfo`), and the response carries a
 //! `session` object saying whether the turn continued (`continued` / `new` /
 //! `history_mismatch`). A second turn in flight is a 409; `DELETE /v1/sessions/{id}` releases a
 //! session, `POST /reset_prefix_cache` empties the prefix cache.
 //!
 //! Entry points: [`ServerArgs`] (flags), [`router`] (the routes, for tests), [`serve`] (bind,
-//! serve, graceful shutdown), [`MetricsHandle`] (registry + stat logger for the engine).
+//! serve, graceful shutdown, exit when the engine dies), [`MetricsHandle`] (registry + stat
+//! logger for the engine).
 
 pub mod anthropic;
 mod args;
@@ -26,9 +27,11 @@ mod auth;
 mod body;
 pub mod error;
 pub mod generate;
+mod http_metrics;
 pub mod metrics;
 mod misc;
 pub mod openai;
+mod process;
 pub mod sampling;
 pub mod stop;
 mod usage;
@@ -43,17 +46,18 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use cachet_engine::EngineHandle;
+use cachet_engine::{EngineHandle, EngineState, TextTokenizer};
 use thiserror::Error;
 
 pub use args::{ServerArgs, DEFAULT_MAX_BODY_BYTES};
 pub use error::ApiError;
-pub use metrics::{metric_names, MetricsHandle, MetricsSnapshot, PrometheusLogger};
+pub use metrics::{CacheConfigInfo, LogLineLogger, MetricsHandle, PrometheusLogger};
 
 use generate::REQUEST_ID_HEADER;
 
 struct StateInner {
     engine: EngineHandle,
+    tokenizer: Arc<dyn TextTokenizer>,
     metrics: MetricsHandle,
     model_names: Vec<String>,
     api_key: Option<String>,
@@ -61,14 +65,20 @@ struct StateInner {
     max_body_bytes: usize,
 }
 
-/// Shared by every route: the engine handle, the metrics registry and the server options.
+/// Shared by every route: the engine handle, the tokenizer (the text side is the server's: the
+/// engine sees token ids only), the metrics registry and the server options.
 #[derive(Clone)]
 pub struct AppState {
     inner: Arc<StateInner>,
 }
 
 impl AppState {
-    pub fn new(engine: EngineHandle, metrics: MetricsHandle, args: &ServerArgs) -> Self {
+    pub fn new(
+        engine: EngineHandle,
+        tokenizer: Arc<dyn TextTokenizer>,
+        metrics: MetricsHandle,
+        args: &ServerArgs,
+    ) -> Self {
         let model_names = if args.served_model_name.is_empty() {
             vec![engine.model().name.clone()]
         } else {
@@ -77,6 +87,7 @@ impl AppState {
         AppState {
             inner: Arc::new(StateInner {
                 engine,
+                tokenizer,
                 metrics,
                 model_names,
                 api_key: args.api_key.clone().filter(|k| !k.is_empty()),
@@ -92,6 +103,10 @@ impl AppState {
 
     pub fn metrics(&self) -> &MetricsHandle {
         &self.inner.metrics
+    }
+
+    pub fn tokenizer(&self) -> &Arc<dyn TextTokenizer> {
+        &self.inner.tokenizer
     }
 
     pub fn model_names(&self) -> &[String] {
@@ -159,6 +174,10 @@ pub fn router(state: AppState) -> Router {
         .fallback(misc::not_found)
         .method_not_allowed_fallback(misc::method_not_allowed)
         .layer(middleware::from_fn(echo_request_id))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            http_metrics::track,
+        ))
         .with_state(state)
 }
 
@@ -171,13 +190,18 @@ pub enum ServeError {
     },
     #[error("server error: {0}")]
     Serve(#[source] std::io::Error),
+    /// The engine's core thread failed; the process should exit non-zero (a supervisor
+    /// restarts it).
+    #[error("the engine failed; stopped serving")]
+    EngineDead,
 }
 
 /// Binds `--host:--port`, serves until SIGTERM or ctrl-c, then stops accepting connections,
-/// drains the running requests (`EngineHandle::shutdown`) and returns.
+/// drains the live requests (at most `--shutdown-timeout` seconds) and returns.
 pub async fn serve(
     args: ServerArgs,
     handle: EngineHandle,
+    tokenizer: Arc<dyn TextTokenizer>,
     registry: MetricsHandle,
 ) -> Result<(), ServeError> {
     let addr = format!("{}:{}", args.host, args.port);
@@ -187,49 +211,68 @@ pub async fn serve(
             addr: addr.clone(),
             source,
         })?;
-    serve_on(listener, args, handle, registry, shutdown_signal()).await
+    serve_on(listener, args, handle, tokenizer, registry, shutdown_signal()).await
 }
 
-/// [`serve`] on an already-bound listener, ending when `shutdown` resolves.
+/// [`serve`] on an already-bound listener, ending when `shutdown` resolves or the engine dies.
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     args: ServerArgs,
     handle: EngineHandle,
+    tokenizer: Arc<dyn TextTokenizer>,
     registry: MetricsHandle,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, model = %handle.model().name, "cachet server listening");
     }
-    let state = AppState::new(handle.clone(), registry.clone(), &args);
-    let log_task = Duration::try_from_secs_f64(args.log_stats_interval)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .map(|interval| tokio::spawn(metrics::log_stats_loop(registry, interval)));
+    let state = AppState::new(handle.clone(), tokenizer, registry.clone(), &args);
+    let drain_timeout = Duration::try_from_secs_f64(args.shutdown_timeout)
+        .unwrap_or(Duration::from_secs(30));
+    // Stop serving on a signal, or when the engine dies (after a moment for the error
+    // responses of the requests it failed to reach their clients).
+    let mut engine_state = handle.watch_state();
+    let died = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = {
+        let died = Arc::clone(&died);
+        async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = async { let _ = engine_state.wait_for(|s| *s == EngineState::Dead).await; } => {
+                    died.store(true, std::sync::atomic::Ordering::SeqCst);
+                    tracing::error!("the engine died: failing health checks, refusing requests, exiting");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    };
     let signalled = Arc::new(tokio::sync::Notify::new());
     let drain = {
         let signalled = Arc::clone(&signalled);
         let engine = handle.clone();
         tokio::spawn(async move {
             signalled.notified().await;
-            tracing::info!("shutting down: no new connections; draining running requests");
-            engine.shutdown().await;
+            tracing::info!(
+                timeout_s = drain_timeout.as_secs_f64(),
+                "shutting down: no new requests; draining the live ones"
+            );
+            engine.shutdown(drain_timeout).await
         })
     };
     let trigger = Arc::clone(&signalled);
     let result = axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
-            shutdown.await;
+            stop.await;
             trigger.notify_one();
         })
         .await
         .map_err(ServeError::Serve);
     signalled.notify_one();
     let _ = drain.await;
-    if let Some(t) = log_task {
-        t.abort();
-    }
     tracing::info!("cachet server stopped");
+    if died.load(std::sync::atomic::Ordering::SeqCst) {
+        return Err(ServeError::EngineDead);
+    }
     result
 }
 

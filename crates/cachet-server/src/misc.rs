@@ -15,8 +15,16 @@ use crate::generate::check_session_id;
 use crate::openai::{convert_messages, ChatMessageIn};
 use crate::AppState;
 
-pub async fn health() -> StatusCode {
-    StatusCode::OK
+/// 200 while the engine serves; 503 while it drains, once it died, or after it stopped.
+pub async fn health(State(state): State<AppState>) -> Response {
+    match state.engine().state() {
+        cachet_engine::EngineState::Running => StatusCode::OK.into_response(),
+        s => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": s.as_str()})),
+        )
+            .into_response(),
+    }
 }
 
 pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
@@ -39,8 +47,12 @@ pub async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
 
 const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// Prometheus text format by default; OpenMetrics when the scraper asks for it.
+/// Prometheus text format by default; OpenMetrics when the scraper asks for it. Gauges are read
+/// off the engine now, so they are true whenever they are scraped.
 pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let engine = state.engine();
+    state.metrics().set_gauges(&engine.gauges());
+    state.metrics().set_engine_state(engine.state());
     let wants_openmetrics = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -86,7 +98,7 @@ pub async fn tokenize(
     if req.model.is_some() {
         state.check_model(req.model.as_deref())?;
     }
-    let tok = state.engine().tokenizer().clone();
+    let tok = state.tokenizer().clone();
     let tokens = match (req.prompt, req.messages) {
         (Some(p), None) => tok
             .encode(&p, req.add_special_tokens.unwrap_or(true))
@@ -126,7 +138,6 @@ pub async fn detokenize(
         state.check_model(req.model.as_deref())?;
     }
     let text = state
-        .engine()
         .tokenizer()
         .decode(&req.tokens, false)
         .map_err(|e| ApiError::bad_param("tokens", format!("Cannot decode the tokens: {e}")))?;
@@ -141,7 +152,7 @@ pub async fn delete_session(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<StatusCode, OpenAiError> {
-    check_session_id(&Some(id.clone()))?;
+    check_session_id(Some(&id))?;
     state.engine().release_session(&id);
     Ok(StatusCode::NO_CONTENT)
 }

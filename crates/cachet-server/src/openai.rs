@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cachet_core::Sampled;
+use cachet_core::{RequestDraft, Sampled};
 use cachet_engine::{ChatMessage, TextTokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 use crate::body::read_json;
 use crate::error::{ApiError, OpenAiError};
 use crate::generate::{
-    check_session_id, Delta, Final, GenEvent, GenSpec, Generation, REQUEST_ID_HEADER,
+    check_session_id, response_id, Delta, Final, GenEvent, Generation, REQUEST_ID_HEADER,
 };
-use crate::sampling::{build_sampling, check_cache_salt, SamplingInput, StopField};
+use crate::sampling::{build_sampling, check_cache_salt, Api, SamplingInput, StopField};
 use crate::usage::{openai_usage, request_metrics_json, session_json};
 use crate::AppState;
 
@@ -172,6 +172,31 @@ impl CommonParams {
         }
     }
 
+    /// The request as the engine will validate it: sampling checked against OpenAI's ranges,
+    /// cache and session options.
+    fn draft(
+        &self,
+        label: String,
+        prompt: Vec<u32>,
+        input: &SamplingInput,
+        max_tokens_param: &str,
+        session_id: Option<&str>,
+    ) -> Result<RequestDraft, ApiError> {
+        let (sampling, max_tokens) = build_sampling(input, Api::OpenAi, max_tokens_param)?;
+        check_cache_salt(&self.cache_salt)?;
+        check_session_id(session_id)?;
+        let mut d = RequestDraft::new(label, prompt, sampling);
+        d.max_tokens = max_tokens;
+        d.cache_salt = self.cache_salt.clone();
+        d.priority = self.priority.unwrap_or(0);
+        d.session_id = session_id.map(std::sync::Arc::from);
+        Ok(d)
+    }
+
+    fn stop_strings(&self) -> Vec<String> {
+        self.stop.clone().map(StopField::into_vec).unwrap_or_default()
+    }
+
     fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
@@ -286,7 +311,7 @@ enum Kind {
 }
 
 /// Runs a generation to its end, collecting text and logprob tokens.
-async fn collect(gen: &mut Generation) -> (String, Vec<Sampled>, Option<Final>) {
+async fn collect(gen: &mut Generation) -> (String, Vec<Sampled>, Option<Box<Final>>) {
     let mut text = String::new();
     let mut tokens = Vec::new();
     let mut fin = None;
@@ -302,14 +327,14 @@ async fn collect(gen: &mut Generation) -> (String, Vec<Sampled>, Option<Final>) 
     (text, tokens, fin)
 }
 
-fn final_or_abort(gen: &Generation, fin: Option<Final>) -> Final {
-    fin.unwrap_or_else(|| Final {
+fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
+    fin.map(|f| *f).unwrap_or_else(|| Final {
         stop: crate::generate::StopKind::Abort,
-        prefill: gen.prefill().copied(),
-        metrics: None,
-        session: gen.session().cloned().map(Box::new),
+        report: gen.report().cloned(),
+        session: gen.session().cloned(),
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
+        error: None,
     })
 }
 
@@ -321,7 +346,7 @@ pub async fn chat_completions(
     let req: ChatRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.common.model.as_deref())?;
     let messages = convert_messages(&req.messages)?;
-    let tok = state.engine().tokenizer().clone();
+    let tok = state.tokenizer().clone();
     let rendered = tok.apply_chat_template(&messages, true).map_err(|e| {
         ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
     })?;
@@ -344,23 +369,14 @@ pub async fn chat_completions(
         None => (req.common.max_tokens, "max_tokens"),
     };
     let input = req.common.sampling_input(max_tokens, logprobs);
-    let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), param)?;
-    check_cache_salt(&req.common.cache_salt)?;
-    check_session_id(&req.session_id)?;
-    let spec = GenSpec {
+    let draft = req.common.draft(
+        response_id(&headers, "chatcmpl-"),
         prompt,
-        sampling,
-        stop: req
-            .common
-            .stop
-            .clone()
-            .map(StopField::into_vec)
-            .unwrap_or_default(),
-        cache_salt: req.common.cache_salt.clone(),
-        priority: req.common.priority.unwrap_or(0),
-        session_id: req.session_id.clone(),
-    };
-    let gen = Generation::start(&state, &headers, "chatcmpl-", spec)?;
+        &input,
+        param,
+        req.session_id.as_deref(),
+    )?;
+    let gen = Generation::start(&state, draft, req.common.stop_strings()).await?;
     run(
         state,
         gen,
@@ -382,7 +398,7 @@ pub async fn completions(
     if req.echo == Some(true) {
         return Err(ApiError::bad_param("echo", "`echo` is not supported.").into());
     }
-    let tok = state.engine().tokenizer().clone();
+    let tok = state.tokenizer().clone();
     let several = || {
         ApiError::bad_param(
             "prompt",
@@ -419,23 +435,14 @@ pub async fn completions(
     let input = req
         .common
         .sampling_input(req.common.max_tokens.or(Some(16)), req.logprobs);
-    let sampling = build_sampling(&input, prompt.len(), state.max_model_len(), "max_tokens")?;
-    check_cache_salt(&req.common.cache_salt)?;
-    check_session_id(&req.session_id)?;
-    let spec = GenSpec {
+    let draft = req.common.draft(
+        response_id(&headers, "cmpl-"),
         prompt,
-        sampling,
-        stop: req
-            .common
-            .stop
-            .clone()
-            .map(StopField::into_vec)
-            .unwrap_or_default(),
-        cache_salt: req.common.cache_salt.clone(),
-        priority: req.common.priority.unwrap_or(0),
-        session_id: req.session_id.clone(),
-    };
-    let gen = Generation::start(&state, &headers, "cmpl-", spec)?;
+        &input,
+        "max_tokens",
+        req.session_id.as_deref(),
+    )?;
+    let gen = Generation::start(&state, draft, req.common.stop_strings()).await?;
     run(
         state,
         gen,
@@ -460,9 +467,13 @@ async fn run(
         let sse = Sse::new(stream_events(state, gen, model, kind, include_usage));
         return Ok(with_request_id(sse.into_response(), &id));
     }
-    let tok = state.engine().tokenizer().clone();
+    let tok = state.tokenizer().clone();
     let (text, tokens, fin) = collect(&mut gen).await;
     let fin = final_or_abort(&gen, fin);
+    if let Some(e) = &fin.error {
+        let resp = ApiError::Internal(e.to_string()).openai_response();
+        return Ok(with_request_id(resp, &id));
+    }
     let want_lp = !tokens.is_empty();
     let choice = match kind {
         Kind::Chat => json!({
@@ -517,7 +528,7 @@ fn stream_events(
     include_usage: bool,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     async_stream::stream! {
-        let tok = state.engine().tokenizer().clone();
+        let tok = state.tokenizer().clone();
         let id = gen.request_id().to_string();
         let created = now_secs();
         let object = if kind == Kind::Chat { "chat.completion.chunk" } else { "text_completion" };
@@ -559,6 +570,12 @@ fn stream_events(
             }
         }
         let fin = final_or_abort(&gen, fin);
+        if let Some(e) = &fin.error {
+            // The engine failed mid-stream: an error event in OpenAI's shape, then [DONE].
+            yield data(&ApiError::Internal(e.to_string()).openai_body());
+            yield Ok(Event::default().data("[DONE]"));
+            return;
+        }
         let choice = if kind == Kind::Chat {
             json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
         } else {
@@ -567,7 +584,7 @@ fn stream_events(
         let mut last = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
         usage_field(&mut last);
         let metrics = state.per_request_metrics().then(|| request_metrics_json(&fin));
-        let session = fin.session.as_deref().map(session_json);
+        let session = fin.session.as_ref().map(session_json);
         // `session` and `metrics` ride on the usage chunk, or on the finish chunk without one.
         let extras = |v: &mut Value| {
             if let Some(s) = &session {

@@ -56,13 +56,32 @@ fn finite(param: &str, v: f32) -> Result<f32, ApiError> {
     }
 }
 
-/// Checks every value and the context-length budget; returns the engine's parameters.
+/// Which API's ranges apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// OpenAI: `temperature` in [0, 2].
+    OpenAi,
+    /// Anthropic: `temperature` in [0, 1].
+    Anthropic,
+}
+
+impl Api {
+    fn max_temperature(self) -> f32 {
+        match self {
+            Api::OpenAi => 2.0,
+            Api::Anthropic => 1.0,
+        }
+    }
+}
+
+/// Checks every sampling value against the API's ranges; returns the engine's parameters and
+/// the requested `max_tokens` (`None`: fill the context). Whether the prompt and `max_tokens`
+/// fit the model is the engine's one validation (`RequestLimits::validate`).
 pub fn build_sampling(
     input: &SamplingInput,
-    prompt_len: usize,
-    max_model_len: usize,
+    api: Api,
     max_tokens_param: &str,
-) -> Result<SamplingParams, ApiError> {
+) -> Result<(SamplingParams, Option<u32>), ApiError> {
     if let Some(n) = input.n {
         if n != 1 {
             return Err(ApiError::bad_param(
@@ -71,40 +90,18 @@ pub fn build_sampling(
             ));
         }
     }
-    if prompt_len == 0 {
-        return Err(ApiError::bad_request("The prompt is empty."));
+    if input.max_tokens == Some(0) {
+        return Err(ApiError::bad_param(
+            max_tokens_param,
+            format!("`{max_tokens_param}` must be at least 1."),
+        ));
     }
-    if prompt_len >= max_model_len {
-        return Err(ApiError::ContextLength(format!(
-            "This model's maximum context length is {max_model_len} tokens. However, your prompt \
-             has {prompt_len} tokens, which leaves no room for a completion."
-        )));
-    }
-    let room = max_model_len - prompt_len;
-    let max_tokens = match input.max_tokens {
-        Some(0) => {
-            return Err(ApiError::bad_param(
-                max_tokens_param,
-                format!("`{max_tokens_param}` must be at least 1."),
-            ))
-        }
-        Some(m) => {
-            if m as usize > room {
-                return Err(ApiError::ContextLength(format!(
-                    "This model's maximum context length is {max_model_len} tokens. However, you \
-                     requested {} tokens ({prompt_len} in the prompt, {m} for the completion).",
-                    prompt_len + m as usize
-                )));
-            }
-            m
-        }
-        None => u32::try_from(room).unwrap_or(u32::MAX),
-    };
     let temperature = finite("temperature", input.temperature.unwrap_or(1.0))?;
-    if temperature < 0.0 {
+    let max_t = api.max_temperature();
+    if !(0.0..=max_t).contains(&temperature) {
         return Err(ApiError::bad_param(
             "temperature",
-            "`temperature` must be non-negative.",
+            format!("`temperature` must be in [0, {max_t}]."),
         ));
     }
     let top_p = finite("top_p", input.top_p.unwrap_or(1.0))?;
@@ -150,14 +147,6 @@ pub fn build_sampling(
         ));
     }
     let min_tokens = input.min_tokens.unwrap_or(0);
-    if min_tokens > max_tokens {
-        return Err(ApiError::bad_param(
-            "min_tokens",
-            format!(
-                "`min_tokens` ({min_tokens}) must not exceed `{max_tokens_param}` ({max_tokens})."
-            ),
-        ));
-    }
     if let Some(lp) = input.logprobs {
         if lp > MAX_TOP_LOGPROBS {
             return Err(ApiError::bad_param(
@@ -166,8 +155,8 @@ pub fn build_sampling(
             ));
         }
     }
-    Ok(SamplingParams {
-        max_tokens,
+    let params = SamplingParams {
+        max_tokens: input.max_tokens.unwrap_or(0),
         min_tokens,
         temperature,
         top_k,
@@ -180,7 +169,8 @@ pub fn build_sampling(
         stop_token_ids: input.stop_token_ids.clone(),
         ignore_eos: input.ignore_eos,
         logprobs: input.logprobs,
-    })
+    };
+    Ok((params, input.max_tokens))
 }
 
 /// `cache_salt` may be absent but never empty.
@@ -198,18 +188,14 @@ pub fn check_cache_salt(salt: &Option<String>) -> Result<(), ApiError> {
 mod tests {
     use super::*;
 
-    fn ok(input: SamplingInput) -> SamplingParams {
-        build_sampling(&input, 10, 100, "max_tokens").unwrap()
-    }
-
-    fn err(input: SamplingInput) -> ApiError {
-        build_sampling(&input, 10, 100, "max_tokens").unwrap_err()
+    fn ok(input: SamplingInput) -> (SamplingParams, Option<u32>) {
+        build_sampling(&input, Api::OpenAi, "max_tokens").unwrap()
     }
 
     #[test]
-    fn defaults_fill_the_context() {
-        let p = ok(SamplingInput::default());
-        assert_eq!(p.max_tokens, 90);
+    fn defaults() {
+        let (p, m) = ok(SamplingInput::default());
+        assert_eq!(m, None, "the engine fills the context");
         assert_eq!(p.temperature, 1.0);
         assert_eq!(p.top_k, 0);
     }
@@ -222,11 +208,11 @@ mod tests {
                 ..Default::default()
             },
             SamplingInput {
-                max_tokens: Some(91),
+                temperature: Some(-0.1),
                 ..Default::default()
             },
             SamplingInput {
-                temperature: Some(-0.1),
+                temperature: Some(2.5),
                 ..Default::default()
             },
             SamplingInput {
@@ -266,49 +252,40 @@ mod tests {
                 ..Default::default()
             },
             SamplingInput {
-                max_tokens: Some(5),
-                min_tokens: Some(6),
-                ..Default::default()
-            },
-            SamplingInput {
                 logprobs: Some(21),
                 ..Default::default()
             },
         ];
         for c in cases {
-            let e = build_sampling(&c, 10, 100, "max_tokens").unwrap_err();
+            let e = build_sampling(&c, Api::OpenAi, "max_tokens").unwrap_err();
             assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{c:?}");
         }
-        assert!(matches!(
-            err(SamplingInput {
-                n: Some(3),
-                ..Default::default()
-            }),
-            ApiError::BadRequest { .. }
-        ));
     }
 
     #[test]
-    fn prompt_budget() {
-        assert!(build_sampling(&SamplingInput::default(), 100, 100, "max_tokens").is_err());
-        assert!(build_sampling(&SamplingInput::default(), 0, 100, "max_tokens").is_err());
-        let p = build_sampling(
-            &SamplingInput {
-                max_tokens: Some(1),
-                ..Default::default()
-            },
-            99,
-            100,
-            "max_tokens",
-        )
-        .unwrap();
-        assert_eq!(p.max_tokens, 1);
+    fn temperature_range_is_the_apis() {
+        let t = |v, api| {
+            build_sampling(
+                &SamplingInput {
+                    temperature: Some(v),
+                    ..Default::default()
+                },
+                api,
+                "max_tokens",
+            )
+            .is_ok()
+        };
+        assert!(t(2.0, Api::OpenAi));
+        assert!(!t(2.01, Api::OpenAi));
+        assert!(t(1.0, Api::Anthropic));
+        assert!(!t(1.5, Api::Anthropic));
         assert_eq!(
             ok(SamplingInput {
                 top_k: Some(-1),
                 n: Some(1),
                 ..Default::default()
             })
+            .0
             .top_k,
             0
         );

@@ -1,8 +1,7 @@
 //! Usage and per-request metrics objects: formatting of the engine's numbers, nothing computed
 //! beyond the sums and differences the APIs define.
 
-use cachet_core::PrefillStats;
-use cachet_engine::SessionReport;
+use cachet_core::{PrefillStats, Report, SessionInfo};
 use serde_json::{json, Value};
 
 use crate::generate::Final;
@@ -12,11 +11,11 @@ use crate::generate::Final;
 /// A plain request: the engine's prefill stats as they are. A session turn (spec §5): the client
 /// sent the whole conversation, so `prompt` is the whole prompt of the turn, `cached` every token
 /// whose KV was not computed for it (retained from earlier turns, or a prefix-cache hit; the
-/// engine's [`SessionReport::turn_cached_tokens`]) and `created` the turn's own chunk
+/// engine's [`SessionInfo::turn_cached_tokens`]) and `created` the turn's own chunk
 /// cache-creation count.
 fn prompt_numbers(
     prefill: Option<&PrefillStats>,
-    session: Option<&SessionReport>,
+    session: Option<&SessionInfo>,
     fallback_prompt: u64,
 ) -> (u64, u64, u64) {
     let chunk = prefill.copied().unwrap_or_default();
@@ -32,12 +31,17 @@ fn prompt_numbers(
 }
 
 impl Final {
+    fn prefill(&self) -> Option<&PrefillStats> {
+        self.report.as_ref().and_then(|r| r.prefill_stats.as_ref())
+    }
+
     fn numbers(&self) -> (u64, u64, u64) {
-        let fallback = match &self.metrics {
-            Some(m) => m.prompt_tokens,
-            None => self.prompt_len as u64,
-        };
-        prompt_numbers(self.prefill.as_ref(), self.session.as_deref(), fallback)
+        let fallback = self
+            .report
+            .as_ref()
+            .and_then(|r| r.finished.as_ref())
+            .map_or(self.prompt_len as u64, |f| f.prompt_tokens);
+        prompt_numbers(self.prefill(), self.session.as_ref(), fallback)
     }
 
     /// Prompt tokens as the engine counted them (a session turn: the whole prompt sent).
@@ -47,10 +51,10 @@ impl Final {
 
     /// Generated tokens as the engine counted them.
     pub fn completion_tokens(&self) -> u64 {
-        match &self.metrics {
-            Some(m) => m.generation_tokens,
-            None => self.tokens_received,
-        }
+        self.report
+            .as_ref()
+            .and_then(|r| r.finished.as_ref())
+            .map_or(self.tokens_received, |f| f.generation_tokens)
     }
 
     /// Prompt tokens not computed for this request (a session turn: retained + hit).
@@ -96,61 +100,63 @@ pub fn anthropic_usage(f: &Final) -> Value {
 
 /// Anthropic `usage` of `message_start`: known before any output token.
 pub fn anthropic_start_usage(
-    prefill: Option<&PrefillStats>,
-    session: Option<&SessionReport>,
+    report: Option<&Report>,
+    session: Option<&SessionInfo>,
     prompt_len: usize,
 ) -> Value {
+    let prefill = report.and_then(|r| r.prefill_stats.as_ref());
     anthropic_usage_of(prompt_numbers(prefill, session, prompt_len as u64), 0)
 }
 
 /// The top-level `session` object of a session turn's response:
 /// `{"id", "continued", "status": "continued"|"new"|"history_mismatch", "turn"}`.
-pub fn session_json(s: &SessionReport) -> Value {
+pub fn session_json(s: &SessionInfo) -> Value {
     json!({
         "id": &*s.session_id,
-        "continued": s.continued,
+        "continued": s.continued(),
         "status": s.status,
         "turn": s.turn,
     })
 }
 
-/// Every field of the engine's [`PrefillStats`].
-pub fn prefix_cache_json(p: &PrefillStats) -> Value {
-    json!({
-        "prompt_tokens": p.prompt_tokens,
-        "local_cached_tokens": p.local_cached_tokens,
-        "external_cached_tokens": p.external_cached_tokens,
-        "cached_tokens": p.cached_tokens,
-        "computed_tokens": p.computed_tokens,
-        "cache_creation_tokens": p.cache_creation_tokens,
-        "prefill_chunks": p.prefill_chunks,
-        "blocks_allocated": p.blocks_allocated,
-        "blocks_filled": p.blocks_filled,
-        "blocks_evicted": p.blocks_evicted,
-        "preemptions": p.preemptions,
-        "prefill_time_ms": p.prefill_time_ms,
-        "queue_time_ms": p.queue_time_ms,
-    })
+/// Every field of spec §3: the engine's [`PrefillStats`] as they serialize, plus the two times
+/// derived from the request's timestamps.
+pub fn prefix_cache_json(p: &PrefillStats, queue_s: f64, prefill_s: f64) -> Value {
+    let mut v = serde_json::to_value(p).unwrap_or_else(|_| json!({}));
+    v["queue_time_ms"] = json!(queue_s * 1000.0);
+    v["prefill_time_ms"] = json!(prefill_s * 1000.0);
+    v
 }
 
 /// The top-level `metrics` object of `--enable-per-request-metrics`. `prefix_cache` is the
-/// request's (a session turn: the turn's own chunk) stats; a session turn adds `session`:
-/// `{"session_continued", "retained_tokens", "cumulative": {every PrefillStats field}}`.
+/// request's (a session turn: the turn's own chunk) stats, with `external_sources` naming the
+/// tier of its external tokens; a session turn adds `session`:
+/// `{"session_continued", "retained_tokens", "cumulative": {every spec §3 field}}`.
 pub fn request_metrics_json(f: &Final) -> Value {
-    let m = f.metrics.as_ref();
+    let rep = f.report.as_ref();
+    let fin = rep.and_then(|r| r.finished.as_ref());
+    let times = fin.map(|x| x.times).or(rep.map(|r| r.times));
+    let gen = fin.map_or(0, |x| x.generation_tokens);
+    let decode_ms = times.map(|t| t.decode_s() * 1000.0);
     let mut v = json!({
-        "queue_time_ms": m.map(|m| m.queue_time_ms),
-        "time_to_first_token_ms": m.and_then(|m| m.time_to_first_token_ms),
-        "generation_time_ms": m.map(|m| m.generation_time_ms),
-        "mean_itl_ms": m.map(|m| m.mean_itl_ms),
-        "tokens_per_second": m.map(|m| m.tokens_per_second),
-        "prefix_cache": f.prefill.as_ref().map(prefix_cache_json),
+        "queue_time_ms": times.map(|t| t.queue_s() * 1000.0),
+        "time_to_first_token_ms": times.and_then(|t| t.ttft_s()).map(|t| t * 1000.0),
+        "generation_time_ms": decode_ms,
+        "mean_itl_ms": fin.map(|x| x.time_per_output_token_s().map_or(0.0, |t| t * 1000.0)),
+        "tokens_per_second": times.map(|t| if t.e2e_s() > 0.0 { gen as f64 / t.e2e_s() } else { 0.0 }),
+        "prefix_cache": rep.and_then(|r| {
+            let p = r.prefill_stats.as_ref()?;
+            let t = times.unwrap_or(r.times);
+            let mut j = prefix_cache_json(p, t.queue_s(), t.prefill_s());
+            j["external_sources"] = json!(r.external);
+            Some(j)
+        }),
     });
-    if let Some(s) = &f.session {
+    if let (Some(s), Some(cum)) = (&f.session, rep.and_then(|r| r.session)) {
         v["session"] = json!({
-            "session_continued": s.continued,
+            "session_continued": s.continued(),
             "retained_tokens": s.retained_tokens,
-            "cumulative": prefix_cache_json(&s.cumulative),
+            "cumulative": prefix_cache_json(&cum.stats, cum.queue_s, cum.prefill_s),
         });
     }
     v

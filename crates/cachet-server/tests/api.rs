@@ -53,7 +53,7 @@ async fn health_models_tokenize_detokenize() {
     let (s, _, _) = h.post("/tokenize", json!({})).await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
 
-    let plain: Vec<u32> = h.engine.tokenizer().encode("hello world", false).unwrap();
+    let plain: Vec<u32> = h.tokenizer.encode("hello world", false).unwrap();
     let (s, v, _) = h.post("/detokenize", json!({"tokens": plain})).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v["prompt"], "hello world");
@@ -209,7 +209,7 @@ async fn completions_string_tokens_and_streaming() {
         h.tokenize_prompt("Once upon").await
     );
 
-    let ids = h.engine.tokenizer().encode("token prompt", true).unwrap();
+    let ids = h.tokenizer.encode("token prompt", true).unwrap();
     let (s, v, _) = h
         .post("/v1/completions", json!({"prompt": ids, "max_tokens": 2}))
         .await;
@@ -750,7 +750,7 @@ async fn request_id_header_is_honoured_and_unique() {
     assert_eq!(v["id"], "my-req-1");
     assert_eq!(resp.headers()["x-request-id"], "my-req-1");
 
-    // A live request holds the id: a second one with the same header gets a fresh id.
+    // The header is a label: a second live request with the same value works and echoes it.
     let mut body = chat_body("long one", 200);
     body["stream"] = json!(true);
     let req = Request::post("/v1/chat/completions")
@@ -770,8 +770,8 @@ async fn request_id_header_is_honoured_and_unique() {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    assert_ne!(v["id"], "dup-id");
-    assert_eq!(resp.headers()["x-request-id"], v["id"].as_str().unwrap());
+    assert_eq!(v["id"], "dup-id");
+    assert_eq!(resp.headers()["x-request-id"], "dup-id");
     drop(live_body);
 
     // Errors echo the caller's id too.
@@ -783,6 +783,56 @@ async fn request_id_header_is_honoured_and_unique() {
         )
         .await;
     assert_eq!(resp.headers()["x-request-id"], "bad-1");
+}
+
+/// The race the engine used to lose: A's final output is delivered, B with the same
+/// `X-Request-Id` is admitted, then A's client disconnects. B must run to its end: the engine
+/// addresses requests by its own handles, never by the client's label.
+#[tokio::test]
+async fn a_late_disconnect_never_aborts_a_new_request_with_the_same_id() {
+    let h = start(Opts {
+        step_ms: 2,
+        ..Opts::default()
+    });
+    let stream_req = |max_tokens: u32| {
+        let mut body = chat_body("same id", max_tokens);
+        body["stream"] = json!(true);
+        Request::post("/v1/chat/completions")
+            .header("content-type", "application/json")
+            .header("x-request-id", "race")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    // A: read frames until its final chunk arrived, but keep the connection (body) open.
+    let mut a = h.send(stream_req(3)).await.into_body();
+    let mut seen = String::new();
+    while !seen.contains("finish_reason\":\"length") {
+        let f = a.frame().await.expect("frame").expect("ok");
+        if let Ok(d) = f.into_data() {
+            seen.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    // B with the same id is admitted while A's connection is still open.
+    let mut b = h.send(stream_req(40)).await.into_body();
+    let _ = b.frame().await;
+    // A's client goes away now.
+    drop(a);
+    let mut text = String::new();
+    while let Some(f) = b.frame().await {
+        if let Ok(d) = f.expect("ok").into_data() {
+            text.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
+    let m = h.scrape().await;
+    assert_eq!(
+        m.get("vllm:request_success_total", &[("finished_reason", "abort")]),
+        0.0
+    );
+    assert_eq!(
+        m.get("vllm:request_success_total", &[("finished_reason", "length")]),
+        2.0
+    );
 }
 
 #[tokio::test]

@@ -39,6 +39,7 @@ async fn start_listener(
         listener,
         args,
         h.engine.clone(),
+        h.tokenizer.clone(),
         h.metrics.clone(),
         async move {
             let _ = rx.await;

@@ -386,7 +386,18 @@ async fn busy_session_is_409() {
 #[tokio::test]
 async fn session_id_validation_and_auth() {
     let h = start(Opts::default());
-    for bad in [json!(""), json!("x".repeat(257)), json!(5)] {
+    // Ids are restricted to [A-Za-z0-9._:-]{1,128}: safe as store keys, log fields and URL
+    // path segments.
+    for bad in [
+        json!(""),
+        json!("x".repeat(129)),
+        json!(5),
+        json!("../../etc/passwd"),
+        json!("a/../../b"),
+        json!("a\u{0}b"),
+        json!("a\r\nb"),
+        json!("é"),
+    ] {
         let mut b = chat(&[msg("user", "hi")], 2, None);
         b["session_id"] = bad.clone();
         let (s, v, _) = h.post("/v1/chat/completions", b).await;
@@ -400,10 +411,15 @@ async fn session_id_validation_and_auth() {
     let (s, v, _) = h
         .post(
             "/v1/chat/completions",
-            chat(&[msg("user", "hi")], 2, Some(&"é".repeat(256))),
+            chat(&[msg("user", "hi")], 2, Some(&"x".repeat(128))),
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
+    for path in ["/v1/sessions/..%2F..%2Fetc%2Fpasswd", "/v1/sessions/a%0D%0Ab", "/v1/sessions/a%00b"] {
+        let del = Request::delete(path).body(Body::empty()).unwrap();
+        let resp = h.send(del).await;
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{path}");
+    }
 
     let h = start(Opts {
         api_key: Some("sekret".into()),

@@ -76,6 +76,10 @@ pub struct EngineArgs {
     /// Simulator: make the n-th generated token EOS.
     #[arg(long)]
     pub sim_eos_at_output: Option<usize>,
+    /// Simulator, fault injection: panic the core thread on the step that computes this text
+    /// (tests of the engine-death path).
+    #[arg(long, hide = true)]
+    pub sim_panic_on: Option<String>,
 }
 
 impl Default for EngineArgs {
@@ -100,6 +104,7 @@ impl Default for EngineArgs {
             sim_prefill_us_per_token: 0,
             sim_decode_us_per_seq: 0,
             sim_eos_at_output: None,
+            sim_panic_on: None,
         }
     }
 }

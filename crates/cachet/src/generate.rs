@@ -2,7 +2,8 @@
 
 use std::io::{BufRead, Write};
 
-use cachet_core::{NewRequest, SamplingParams, TokenId};
+use cachet_core::stats::COUNTERS;
+use cachet_core::{RequestDraft, SamplingParams, TokenId};
 use cachet_engine::offline::OfflineEngine;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -108,7 +109,7 @@ pub fn run(
             }
             (None, None) => Vec::new(),
         };
-        let mut r = NewRequest::new(
+        let mut r = RequestDraft::new(
             l.request_id.unwrap_or_else(|| format!("req-{i}")),
             prompt,
             SamplingParams {
@@ -158,10 +159,10 @@ pub fn run(
     }
     let totals = engine.totals();
     if json {
-        let map: serde_json::Map<String, serde_json::Value> = totals
-            .fields()
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.into()))
+        let map: serde_json::Map<String, serde_json::Value> = COUNTERS
+            .iter()
+            .zip(totals.values())
+            .map(|(c, v)| (c.field.to_string(), v.into()))
             .collect();
         writeln!(w, "{}", serde_json::json!({ "aggregate": map }))?;
     } else {

@@ -87,18 +87,38 @@ fn main() -> anyhow::Result<()> {
 fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Result<()> {
     let built = cachet::wiring::build(&engine)?;
     let name = server.primary_model_name(&built.model.name);
-    let metrics = cachet_server::metrics::MetricsHandle::new(&name, built.model.max_model_len);
+    let sc = &built.engine.scheduler;
+    let cache = cachet_server::CacheConfigInfo {
+        block_size: sc.block_size,
+        num_gpu_blocks: sc.num_blocks,
+        cache_dtype: built.kv_cache_dtype.clone(),
+        enable_prefix_caching: sc.enable_prefix_caching,
+        num_cpu_blocks: None,
+        kv_cache_memory_bytes: built
+            .loaded
+            .as_ref()
+            .map_or(0, |_| engine.kv_cache_memory),
+    };
+    let metrics = cachet_server::MetricsHandle::new(&name, built.model.max_model_len, cache);
+    let mut loggers: Vec<Box<dyn cachet_engine::StatLogger>> = vec![Box::new(metrics.logger())];
+    if let Ok(interval) = std::time::Duration::try_from_secs_f64(server.log_stats_interval) {
+        if !interval.is_zero() {
+            loggers.push(Box::new(cachet_server::LogLineLogger::new(interval)));
+        }
+    }
     let handle = cachet_engine::start_engine(
         built.engine,
         built.executor,
         built.model,
-        built.tokenizer,
-        vec![Box::new(metrics.logger())],
+        cachet_engine::core_loop::CoreOptions {
+            loggers,
+            ..Default::default()
+        },
     )?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(cachet_server::serve(server, handle, metrics))?;
+    rt.block_on(cachet_server::serve(server, handle, built.tokenizer, metrics))?;
     Ok(())
 }

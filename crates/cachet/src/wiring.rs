@@ -81,6 +81,22 @@ impl cachet_core::Executor for AnyExecutor {
             AnyExecutor::Model(e) => e.kv_layout(),
         }
     }
+    fn block_bytes(&self) -> usize {
+        match self {
+            AnyExecutor::Sim(e) => e.block_bytes(),
+            AnyExecutor::Model(e) => e.block_bytes(),
+        }
+    }
+    fn save_block(
+        &self,
+        block: cachet_core::BlockId,
+        out: &mut Vec<u8>,
+    ) -> Result<(), cachet_core::ExecError> {
+        match self {
+            AnyExecutor::Sim(e) => e.save_block(block, out),
+            AnyExecutor::Model(e) => e.save_block(block, out),
+        }
+    }
     fn execute(
         &mut self,
         batch: &cachet_core::ExecBatch<'_>,
@@ -96,6 +112,8 @@ impl cachet_core::Executor for AnyExecutor {
 pub struct Built {
     pub executor: AnyExecutor,
     pub engine: EngineConfig,
+    /// The KV element type's name (for `vllm:cache_config_info`).
+    pub kv_cache_dtype: String,
     pub model: ModelInfo,
     pub tokenizer: Arc<dyn TextTokenizer>,
     pub loaded: Option<LoadedModel>,
@@ -107,6 +125,7 @@ fn scheduler_config(
     max_model_len: usize,
     eos: Vec<u32>,
 ) -> SchedulerConfig {
+    #[allow(clippy::needless_update)]
     SchedulerConfig {
         block_size: a.block_size,
         num_blocks,
@@ -120,9 +139,10 @@ fn scheduler_config(
             Policy::Priority => SchedulingPolicy::Priority,
         },
         eos_token_ids: eos,
-        telemetry: true,
+        max_waiting_requests: a.max_waiting_requests,
         session_idle_timeout_s: a.session_idle_timeout,
         session_kv_budget_blocks: a.session_kv_budget,
+        ..SchedulerConfig::default()
     }
 }
 
@@ -142,6 +162,10 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 eos_at_output: a.sim_eos_at_output,
                 prefill_cost_per_token: Duration::from_micros(a.sim_prefill_us_per_token),
                 decode_cost_per_seq: Duration::from_micros(a.sim_decode_us_per_seq),
+                panic_on: a
+                    .sim_panic_on
+                    .as_deref()
+                    .and_then(|t| ByteTokenizer.encode(t, false).ok()),
                 ..Default::default()
             });
             let tok = ByteTokenizer;
@@ -150,8 +174,8 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 executor: AnyExecutor::Sim(sim),
                 engine: EngineConfig {
                     scheduler: scheduler_config(a, num_blocks, max_model_len, eos),
-                    max_waiting_requests: a.max_waiting_requests,
                 },
+                kv_cache_dtype: "u64".into(),
                 model: ModelInfo {
                     name: "cachet-sim".into(),
                     max_model_len,
@@ -216,8 +240,8 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 executor: AnyExecutor::Model(Box::new(exec)),
                 engine: EngineConfig {
                     scheduler: scheduler_config(a, num_blocks, max_model_len, eos),
-                    max_waiting_requests: a.max_waiting_requests,
                 },
+                kv_cache_dtype: kv_dtype.as_str().into(),
                 model: ModelInfo {
                     name: loaded.info.name.clone(),
                     max_model_len,

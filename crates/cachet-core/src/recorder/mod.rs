@@ -16,6 +16,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::connector::TierTag;
 use crate::observe::{Effect, Lookup, Observer};
 use crate::stats::{CounterTotals, FinishedRequestStats, PrefillStats, RequestTimes};
 
@@ -35,11 +36,20 @@ impl SessionTotals {
     }
 }
 
+/// External tokens of one request by the tier that supplied them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExternalSources {
+    pub host: u64,
+    pub redis: u64,
+}
+
 /// What the recorder says about one request on its first-token update and on its final one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Report {
     /// `None` for a request that was never admitted.
     pub prefill_stats: Option<PrefillStats>,
+    /// Where its `external_cached_tokens` came from.
+    pub external: ExternalSources,
     /// The request's timestamps so far.
     pub times: RequestTimes,
     /// Session turns: the session's cumulative numbers.
@@ -78,6 +88,7 @@ struct Record {
     retained: usize,
     /// Earlier turns of the request's session.
     session_base: SessionTotals,
+    external: ExternalSources,
 }
 
 #[derive(Debug)]
@@ -170,6 +181,7 @@ impl Recorder {
         totals.prompt_tokens_local_cache_hit += local;
         totals.prompt_tokens_external_kv_transfer += ext;
         totals.prompt_tokens_cached += cached;
+        totals.prompt_tokens_cached_device += local;
     }
 
     /// Queue `report` for `slot`, replacing one queued for the same slot in this step (a
@@ -234,6 +246,7 @@ impl Observer for Recorder {
                     lookup: None,
                     retained: 0,
                     session_base,
+                    external: ExternalSources::default(),
                 });
             }
             Effect::Admitted {
@@ -283,7 +296,7 @@ impl Observer for Recorder {
             }
             Effect::LoadsResolved {
                 slot,
-                loaded_tokens,
+                sources,
                 failed_tokens: _,
             } => {
                 let totals = &mut self.totals;
@@ -292,7 +305,20 @@ impl Observer for Recorder {
                     .get_mut(slot as usize)
                     .and_then(|r| r.as_mut())
                 {
-                    Self::settle(totals, r, loaded_tokens);
+                    for &t in sources {
+                        let n = b as u64;
+                        match t {
+                            TierTag::Host => {
+                                r.external.host += n;
+                                totals.prompt_tokens_cached_host += n;
+                            }
+                            TierTag::Redis => {
+                                r.external.redis += n;
+                                totals.prompt_tokens_cached_redis += n;
+                            }
+                        }
+                    }
+                    Self::settle(totals, r, sources.len() * b);
                 }
             }
             Effect::Allocated { slot, kv } => {
@@ -359,6 +385,7 @@ impl Observer for Recorder {
                     });
                     let report = Report {
                         prefill_stats: Some(r.stats),
+                        external: r.external,
                         times: r.times,
                         session,
                         finished: None,
@@ -416,6 +443,7 @@ impl Observer for Recorder {
                     slot,
                     Report {
                         prefill_stats,
+                        external: r.external,
                         times: r.times,
                         session,
                         finished: Some(finished),

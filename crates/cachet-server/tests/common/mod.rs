@@ -10,11 +10,12 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
+use cachet_engine::core_loop::CoreOptions;
 use cachet_engine::sim::{ByteTokenizer, SimConfig, SimExecutor};
 use cachet_engine::{
     start_engine, EngineConfig, EngineHandle, ModelInfo, SchedulerConfig, TextTokenizer,
 };
-use cachet_server::{router, AppState, MetricsHandle, ServerArgs};
+use cachet_server::{router, AppState, CacheConfigInfo, MetricsHandle, ServerArgs};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -35,6 +36,8 @@ pub struct Opts {
     pub step_ms: u64,
     /// `--served-model-name` values.
     pub served_model_names: Vec<String>,
+    /// Fault injection: the simulator panics on a step computing these tokens.
+    pub panic_on: Option<Vec<u32>>,
 }
 
 impl Default for Opts {
@@ -49,6 +52,7 @@ impl Default for Opts {
             max_num_seqs: 32,
             step_ms: 0,
             served_model_names: Vec::new(),
+            panic_on: None,
         }
     }
 }
@@ -56,6 +60,7 @@ impl Default for Opts {
 pub struct Harness {
     pub app: Router,
     pub engine: EngineHandle,
+    pub tokenizer: Arc<dyn TextTokenizer>,
     pub metrics: MetricsHandle,
 }
 
@@ -71,6 +76,7 @@ pub fn start(opts: Opts) -> Harness {
         num_blocks: opts.num_kv_blocks,
         block_size: BLOCK,
         decode_cost_per_seq: Duration::from_millis(opts.step_ms),
+        panic_on: opts.panic_on.clone(),
         ..SimConfig::default()
     });
     let config = EngineConfig {
@@ -80,17 +86,26 @@ pub fn start(opts: Opts) -> Harness {
             max_num_seqs: opts.max_num_seqs,
             max_model_len: opts.max_model_len,
             eos_token_ids: tokenizer.eos_token_ids(),
+            max_waiting_requests: opts.max_waiting_requests,
             ..SchedulerConfig::default()
         },
-        max_waiting_requests: opts.max_waiting_requests,
     };
-    let metrics = MetricsHandle::new(MODEL, opts.max_model_len);
+    let cache = CacheConfigInfo {
+        block_size: BLOCK,
+        num_gpu_blocks: opts.num_kv_blocks,
+        cache_dtype: "u64".into(),
+        enable_prefix_caching: true,
+        ..Default::default()
+    };
+    let metrics = MetricsHandle::new(MODEL, opts.max_model_len, cache);
     let engine = start_engine(
         config,
         executor,
         model,
-        tokenizer,
-        vec![Box::new(metrics.logger())],
+        CoreOptions {
+            loggers: vec![Box::new(metrics.logger())],
+            ..Default::default()
+        },
     )
     .expect("engine starts");
     let args = ServerArgs {
@@ -101,10 +116,16 @@ pub fn start(opts: Opts) -> Harness {
         served_model_name: opts.served_model_names.clone(),
         ..ServerArgs::default()
     };
-    let app = router(AppState::new(engine.clone(), metrics.clone(), &args));
+    let app = router(AppState::new(
+        engine.clone(),
+        Arc::clone(&tokenizer),
+        metrics.clone(),
+        &args,
+    ));
     Harness {
         app,
         engine,
+        tokenizer,
         metrics,
     }
 }

@@ -1,0 +1,232 @@
+//! The core thread: owns the [`EngineCore`] and runs one step at a time, between steps taking
+//! the handle's commands. A panic anywhere on this thread is caught: the engine becomes
+//! [`EngineState::Dead`], every live stream ends with an error, and the thread exits.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cachet_core::scheduler::RequestUpdate;
+use cachet_core::{Executor, FinishReason};
+use tokio::sync::mpsc;
+
+use crate::core_loop::EngineCore;
+use crate::handle::{Command, EngineFailure, EngineState, RequestHandle, RequestOutput, Shared};
+
+/// Where each live request's outputs go: by the core's slot (updates name slots), and the
+/// handle → slot map for commands (clients name handles).
+#[derive(Default)]
+struct Routes {
+    by_slot: Vec<Option<Route>>,
+    slots: HashMap<RequestHandle, u32>,
+}
+
+struct Route {
+    handle: RequestHandle,
+    tx: mpsc::UnboundedSender<RequestOutput>,
+}
+
+impl Routes {
+    fn insert(&mut self, slot: u32, handle: RequestHandle, tx: mpsc::UnboundedSender<RequestOutput>) {
+        let i = slot as usize;
+        if self.by_slot.len() <= i {
+            self.by_slot.resize_with(i + 1, || None);
+        }
+        self.by_slot[i] = Some(Route { handle, tx });
+        self.slots.insert(handle, slot);
+    }
+
+    fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    fn live_slots(&self) -> Vec<u32> {
+        self.slots.values().copied().collect()
+    }
+
+    /// Send one update to its stream. Returns the slot when the receiver is gone and the
+    /// request is still live (the caller aborts it: the client disconnected).
+    fn deliver(&mut self, up: RequestUpdate, error: Option<&EngineFailure>) -> Option<u32> {
+        let slot = up.slot;
+        let entry = self.by_slot.get_mut(slot as usize)?;
+        let out = RequestOutput {
+            tokens: up.token.into_iter().collect(),
+            first_token: up.first_token,
+            finish_reason: up.finish,
+            report: up.report,
+            session: up.session.map(|s| *s),
+            error: error.cloned(),
+        };
+        if out.finish_reason.is_some() {
+            let route = entry.take()?;
+            self.slots.remove(&route.handle);
+            let _ = route.tx.send(out);
+            None
+        } else {
+            let route = entry.as_ref()?;
+            route.tx.send(out).is_err().then_some(slot)
+        }
+    }
+
+    /// End every live stream with `error` (the engine died).
+    fn fail_all(&mut self, error: &EngineFailure) {
+        for route in self.by_slot.iter_mut().filter_map(Option::take) {
+            let _ = route.tx.send(RequestOutput::failed(error.clone()));
+        }
+        self.slots.clear();
+    }
+}
+
+pub(crate) fn run<E: Executor>(core: EngineCore<E>, rx: std_mpsc::Receiver<Command>, sh: Arc<Shared>) {
+    let mut routes = Routes::default();
+    let mut core = core;
+    let result = catch_unwind(AssertUnwindSafe(|| serve(&mut core, &rx, &sh, &mut routes)));
+    match result {
+        Ok(()) => sh.advance_state(EngineState::Stopped),
+        Err(panic) => {
+            let msg = panic_message(&*panic);
+            tracing::error!(error = %msg, live = routes.len(), "the engine's core thread panicked; failing every live request");
+            sh.advance_state(EngineState::Dead);
+            routes.fail_all(&EngineFailure::Died(msg));
+            // Refuse whatever is still queued: acks dropped, streams closed.
+            drop(rx);
+        }
+    }
+    sh.live.send_replace(0);
+    sh.exited.send_replace(true);
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        s.to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic".to_string()
+    }
+}
+
+fn serve<E: Executor>(
+    core: &mut EngineCore<E>,
+    rx: &std_mpsc::Receiver<Command>,
+    sh: &Shared,
+    routes: &mut Routes,
+) {
+    let now = || sh.now();
+    let mut idle_step = false;
+    loop {
+        // Wait for work when idle (or when the last step had nothing to do: loads in flight);
+        // otherwise just drain what arrived.
+        let first = if core.scheduler().has_unfinished() && !idle_step {
+            rx.try_recv().ok()
+        } else {
+            let wait = if core.scheduler().has_unfinished() {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(500)
+            };
+            match rx.recv_timeout(wait) {
+                Ok(c) => Some(c),
+                Err(std_mpsc::RecvTimeoutError::Timeout) => None,
+                Err(std_mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        };
+        let mut cmds: Vec<Command> = first.into_iter().collect();
+        cmds.extend(rx.try_iter());
+        for cmd in cmds {
+            match cmd {
+                Command::Add {
+                    handle,
+                    req,
+                    out,
+                    ack,
+                } => {
+                    if sh.state() != EngineState::Running {
+                        // Dropping the ack refuses it: the handle reports the state.
+                        continue;
+                    }
+                    match core.add_request(handle.0, now(), *req) {
+                        Ok(slot) => {
+                            routes.insert(slot, handle, out);
+                            // Live before the client hears of it, so that a waiter for idle
+                            // never sees a stale zero; the zero comes only after the gauges
+                            // of the iteration that ended the last request.
+                            sh.live.send_replace(routes.len());
+                            let _ = ack.send(Ok(()));
+                        }
+                        Err(e) => {
+                            let _ = ack.send(Err(e));
+                        }
+                    }
+                }
+                Command::Finish { handle, reason } => {
+                    if let Some(&slot) = routes.slots.get(&handle) {
+                        if let Some(up) = core.finish(slot, reason, now()) {
+                            routes.deliver(up, None);
+                        }
+                    }
+                }
+                Command::ResetPrefixCache(reply) => {
+                    let _ = reply.send(core.reset_prefix_cache());
+                }
+                Command::ReleaseSession(sid) => {
+                    // A turn in flight is aborted (an aborted turn does not park), then any
+                    // parked KV is released.
+                    if let Some(slot) = core.scheduler().session_turn(&sid) {
+                        if let Some(up) = core.finish(slot, FinishReason::Abort, now()) {
+                            routes.deliver(up, None);
+                        }
+                    }
+                    core.scheduler_mut().release_session(&sid);
+                }
+                Command::AbortAll(reply) => {
+                    let slots = routes.live_slots();
+                    let mut n = 0;
+                    for slot in slots {
+                        if let Some(up) = core.finish(slot, FinishReason::Abort, now()) {
+                            routes.deliver(up, None);
+                            n += 1;
+                        }
+                    }
+                    let _ = reply.send(n);
+                }
+                Command::Wake => {}
+                Command::Shutdown => return,
+            }
+        }
+        core.scheduler_mut().expire_sessions(now());
+        idle_step = false;
+        if core.scheduler().has_unfinished() {
+            match core.step(now) {
+                Ok(outs) => {
+                    idle_step = core.last_step_idle();
+                    let mut gone = Vec::new();
+                    for out in outs {
+                        if let Some(slot) = routes.deliver(out, None) {
+                            gone.push(slot);
+                        }
+                    }
+                    // Receivers that went away: the client disconnected.
+                    for slot in gone {
+                        if let Some(up) = core.finish(slot, FinishReason::Abort, now()) {
+                            routes.deliver(up, None);
+                        }
+                    }
+                }
+                Err(e) => {
+                    let failure = EngineFailure::Model(e.to_string());
+                    tracing::error!(error = %e, live = routes.len(), "model execution failed; ending the live requests with an error");
+                    for slot in routes.live_slots() {
+                        if let Some(up) = core.finish(slot, FinishReason::Error, now()) {
+                            routes.deliver(up, Some(&failure));
+                        }
+                    }
+                }
+            }
+        }
+        sh.gauges.send_replace(core.scheduler().gauges());
+        sh.live.send_replace(routes.len());
+    }
+}
