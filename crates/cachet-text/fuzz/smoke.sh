@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every cachet-text fuzz target for a bounded time (default 20 s each) from the committed
-# seeds. Longer by hand: FUZZ_SECONDS=600 crates/cachet-text/fuzz/smoke.sh, or one target with
-# `cargo +nightly fuzz run <target> crates/cachet-text/fuzz/seeds/<target>` in this folder.
+# seeds. Longer by hand: FUZZ_SECONDS=600 crates/cachet-text/fuzz/smoke.sh, or one target from
+# this folder with `cargo +nightly fuzz run <target> corpus/<target> seeds/<target>` (libFuzzer
+# writes new inputs into the first folder: keep that one out of seeds/; corpus/ is ignored).
 #
 # cargo-fuzz needs nightly rustc flags (-Zsanitizer=address). With a nightly toolchain
 # installed (rustup toolchain install nightly) it is used; otherwise the stable compiler is run
