@@ -118,7 +118,7 @@ pub(crate) enum Command {
         handle: RequestHandle,
         reason: FinishReason,
     },
-    ReleaseSession(String),
+    ReleaseSession(String, oneshot::Sender<()>),
     ResetPrefixCache(oneshot::Sender<bool>),
     /// Abort every live request; replies how many.
     AbortAll(oneshot::Sender<usize>),
@@ -310,11 +310,16 @@ impl EngineHandle {
     }
 
     /// Close a session: a turn in flight is aborted, and the parked KV is released (full blocks
-    /// stay in the prefix cache).
-    pub fn release_session(&self, session_id: &str) {
-        let _ = self
+    /// stay in the prefix cache). Resolves once done.
+    pub async fn release_session(&self, session_id: &str) {
+        let (tx, rx) = oneshot::channel();
+        if self
             .tx
-            .send(Command::ReleaseSession(session_id.to_string()));
+            .send(Command::ReleaseSession(session_id.to_string(), tx))
+            .is_ok()
+        {
+            let _ = rx.await;
+        }
     }
 
     /// Drop every prefix-cache entry; only succeeds while no request holds a block.

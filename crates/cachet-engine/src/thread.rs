@@ -135,6 +135,9 @@ fn serve<E: Executor>(
         };
         let mut cmds: Vec<Command> = first.into_iter().collect();
         cmds.extend(rx.try_iter());
+        // Answered once the gauges reflect the command (a scrape right after sees it).
+        let mut replies: Vec<Box<dyn FnOnce()>> = Vec::new();
+        let had_cmds = !cmds.is_empty();
         for cmd in cmds {
             match cmd {
                 Command::Add {
@@ -169,9 +172,12 @@ fn serve<E: Executor>(
                     }
                 }
                 Command::ResetPrefixCache(reply) => {
-                    let _ = reply.send(core.reset_prefix_cache());
+                    let done = core.reset_prefix_cache();
+                    replies.push(Box::new(move || {
+                        let _ = reply.send(done);
+                    }));
                 }
-                Command::ReleaseSession(sid) => {
+                Command::ReleaseSession(sid, reply) => {
                     // A turn in flight is aborted (an aborted turn does not park), then any
                     // parked KV is released.
                     if let Some(slot) = core.scheduler().session_turn(&sid) {
@@ -180,6 +186,9 @@ fn serve<E: Executor>(
                         }
                     }
                     core.scheduler_mut().release_session(&sid);
+                    replies.push(Box::new(move || {
+                        let _ = reply.send(());
+                    }));
                 }
                 Command::AbortAll(reply) => {
                     let slots = routes.live_slots();
@@ -195,6 +204,12 @@ fn serve<E: Executor>(
                 Command::Wake => {}
                 Command::Shutdown => return,
             }
+        }
+        if had_cmds {
+            sh.gauges.send_replace(core.scheduler().gauges());
+        }
+        for reply in replies {
+            reply();
         }
         core.scheduler_mut().expire_sessions(now());
         idle_step = false;

@@ -239,7 +239,7 @@ async fn closing_a_session_aborts_its_turn_in_flight() {
     r1.session_id = Some("s".into());
     let mut s1 = h.add_request(valid(&h, r1)).await.unwrap();
     assert!(s1.next().await.unwrap().finish_reason.is_none());
-    h.release_session("s");
+    h.release_session("s").await;
     let last = drain(&mut s1).await.pop().unwrap();
     assert_eq!(last.finish_reason, Some(FinishReason::Abort));
     h.wait_idle().await;

@@ -153,7 +153,7 @@ pub async fn delete_session(
     Path(id): Path<String>,
 ) -> Result<StatusCode, OpenAiError> {
     check_session_id(Some(&id))?;
-    state.engine().release_session(&id);
+    state.engine().release_session(&id).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

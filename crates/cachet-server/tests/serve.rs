@@ -126,3 +126,77 @@ async fn tcp_disconnect_mid_stream_aborts() {
     stop.send(()).unwrap();
     task.await.unwrap().unwrap();
 }
+
+/// A panic on the engine's core thread, over HTTP: the stream in flight ends with an SSE error
+/// event, the non-streaming request in flight gets a 500 in OpenAI's shape, `/health` and new
+/// requests answer 503, and the server stops with `EngineDead` (the binary exits non-zero).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
+    use cachet_engine::TextTokenizer;
+    let trigger = cachet_engine::sim::ByteTokenizer
+        .encode("PANIC!", false)
+        .unwrap();
+    let h = start(Opts {
+        step_ms: 5,
+        panic_on: Some(trigger),
+        ..Opts::default()
+    });
+    let (addr, _stop, task) = start_listener(&h).await;
+    // A stream in flight.
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let body = json!({"prompt": "long", "max_tokens": 500, "ignore_eos": true, "stream": true});
+    conn.write_all(&http_post("/v1/completions", &body)).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // A non-streaming request in flight.
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let app = h.app.clone();
+    tokio::spawn(async move {
+        use tower::ServiceExt;
+        let req = axum::http::Request::post("/v1/completions")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(
+                json!({"prompt": "other", "max_tokens": 500, "ignore_eos": true}).to_string(),
+            ))
+            .unwrap();
+        let resp = app.oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
+        let _ = tx.send((status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()));
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The request that kills the engine.
+    let (s, _, _) = h
+        .post("/v1/completions", json!({"prompt": "PANIC!", "max_tokens": 2}))
+        .await;
+    assert_eq!(s, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    let (status, v) = rx.await.unwrap();
+    assert_eq!(status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(v["error"]["type"], "server_error");
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), conn.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    let text = String::from_utf8_lossy(&rest);
+    assert!(text.contains("\"error\":{"), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    let (s, _) = h.get("/health").await;
+    assert_eq!(s, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+    let (s, v, _) = h
+        .post("/v1/completions", json!({"prompt": "after", "max_tokens": 2}))
+        .await;
+    assert_eq!(s, axum::http::StatusCode::SERVICE_UNAVAILABLE, "{v}");
+    assert_eq!(v["error"]["code"], "engine_dead");
+    let m = h.scrape().await;
+    assert_eq!(
+        m.get("vllm:engine_sleep_state", &[("sleep_state", "awake")]),
+        0.0
+    );
+    let res = tokio::time::timeout(Duration::from_secs(20), task)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(res, Err(cachet_server::ServeError::EngineDead)), "{res:?}");
+}

@@ -306,9 +306,15 @@ async fn reset_prefix_cache_route() {
         .body(Body::empty())
         .unwrap();
     assert_eq!(h.send(del).await.status(), StatusCode::NO_CONTENT);
+    // Released: its 2 full blocks are held only by the cache now.
+    let m = h.scrape().await;
+    assert_eq!(m.get("cachet:kv_cache_only_blocks", &[]), 2.0);
     let (s, v, _) = h.post("/reset_prefix_cache", json!({})).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(v, json!({"reset": true}));
+    // The gauge is true when scraped right after the reset, with no engine step in between.
+    let m = h.scrape().await;
+    assert_eq!(m.get("cachet:kv_cache_only_blocks", &[]), 0.0);
     // The cache is empty: the same prompt hits nothing.
     let (_, v, _) = h
         .post(
