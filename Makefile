@@ -29,7 +29,9 @@ lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
-# Release mode: one optimised build serves the unit tests, the real-model tests and the e2e binary.
+# Release mode: one optimised build serves the unit tests, the real-model tests and the e2e
+# binaries: `cargo test` builds target/release/cachet (for the binary's integration tests) and
+# every example, with the same feature resolution, so nothing is compiled twice.
 rust-test:
 	$(CARGO) test --workspace --release
 
@@ -38,9 +40,11 @@ rust-test:
 amx-emu:
 	scripts/amx-emu/run.sh
 
-e2e: build
+# The binaries come from rust-test's build (run it first, as `make test` does).
+e2e:
+	@test -x $(BIN) || $(CARGO) test --workspace --release --no-run
 	CACHET_BIN=$(CURDIR)/$(BIN) CACHET_E2E_REAL_MODEL=1 CACHET_E2E_MODEL_ARGS="--model $(MODEL)" \
-		$(VENV)/bin/python -m pytest -q tests/e2e
+		CACHET_E2E_REQUIRE_DYNAMO=1 $(VENV)/bin/python -m pytest -q tests/e2e
 
 bench:
 	$(CARGO) bench --workspace

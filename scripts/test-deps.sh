@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything `make test` needs beyond the Rust toolchain and Python: promtool (Debian package
-# `prometheus`, when run as root) and a virtual environment with the e2e test clients.
+# `prometheus`), redis-server and redis-cli (when run as root), and a virtual environment with
+# the e2e test clients and Dynamo's KV indexer.
 set -euo pipefail
 if ! command -v promtool >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -19,3 +20,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+# Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test.
+scripts/test-deps-redis.sh
+scripts/test-deps-dynamo.sh
