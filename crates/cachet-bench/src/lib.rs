@@ -14,6 +14,7 @@
 pub mod compare;
 pub mod doc;
 pub mod error;
+pub mod fidelity;
 pub mod kernel;
 pub mod peer;
 pub mod plot;
@@ -48,6 +49,9 @@ pub enum BenchCmd {
     Compare(CompareArgs),
     /// Prefill/decode tokens/s of cachet's model executor beside llama-bench.
     Kernel(KernelArgs),
+    /// KL divergence, top-1 agreement and perplexity shift of the served path against exact
+    /// f32 arithmetic on a fixed text.
+    Fidelity(fidelity::FidelityArgs),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -76,6 +80,10 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Kernel(a) => {
             let rep = kernel::bench_kernel(&a)?;
             print!("{}", kernel::table(&rep, false));
+        }
+        BenchCmd::Fidelity(a) => {
+            let rep = fidelity::bench_fidelity(&a)?;
+            print!("{}", fidelity::table(&rep, false));
         }
     }
     Ok(())

@@ -11,13 +11,13 @@ use crate::error::BenchError;
 use crate::rng::Rng;
 
 /// A bump allocator over the executor's block ids.
-struct Blocks {
-    next: u32,
-    total: u32,
+pub(super) struct Blocks {
+    pub(super) next: u32,
+    pub(super) total: u32,
 }
 
 impl Blocks {
-    fn table(&mut self, positions: usize) -> Result<Vec<u32>, BenchError> {
+    pub(super) fn table(&mut self, positions: usize) -> Result<Vec<u32>, BenchError> {
         let n = positions.div_ceil(BLOCK) as u32;
         if self.next + n > self.total {
             return Err(BenchError::Peer(format!(
@@ -29,21 +29,21 @@ impl Blocks {
         self.next += n;
         Ok(t)
     }
-    fn reset(&mut self) {
+    pub(super) fn reset(&mut self) {
         self.next = 0;
     }
 }
 
-struct Seq {
-    slot: u32,
-    prompt: Vec<u32>,
-    output: Vec<u32>,
-    table: Vec<u32>,
+pub(super) struct Seq {
+    pub(super) slot: u32,
+    pub(super) prompt: Vec<u32>,
+    pub(super) output: Vec<u32>,
+    pub(super) table: Vec<u32>,
     /// Positions with KV written.
-    len: usize,
+    pub(super) len: usize,
 }
 
-fn tokens(model: &LoadedModel, seed: u64, n: usize) -> Result<Vec<u32>, BenchError> {
+pub(super) fn tokens(model: &LoadedModel, seed: u64, n: usize) -> Result<Vec<u32>, BenchError> {
     let mut r = Rng::derive(seed, &[n as u64]);
     let mut out = Vec::new();
     while out.len() < n {
@@ -55,7 +55,7 @@ fn tokens(model: &LoadedModel, seed: u64, n: usize) -> Result<Vec<u32>, BenchErr
 }
 
 /// Runs one step: every seq in `seqs` gets `chunk(i)` tokens and is sampled; returns seconds.
-fn step(
+pub(super) fn step(
     exec: &mut dyn Executor,
     params: &SamplingParams,
     seqs: &mut [Seq],
@@ -94,7 +94,7 @@ fn step(
 }
 
 /// Decodes `steps` steps of every seq (feeding back the sampled token); returns seconds.
-fn decode(
+pub(super) fn decode(
     exec: &mut dyn Executor,
     params: &SamplingParams,
     seqs: &mut [Seq],

@@ -1,12 +1,14 @@
 //! `cachet bench kernel`: cachet's model executor driven directly (no scheduler, no HTTP)
 //! beside llama.cpp's `llama-bench` / `llama-batched-bench` on the same file and threads.
 //!
-//! [`cachet`] drives the executor, [`llama`] runs and parses the peer's tools, [`render`]
-//! writes the table; this module holds the arguments, the report types and the run.
+//! `cachet` drives the executor, `llama` runs and parses the peer's tools, [`roofline`]
+//! measures the machine's limits and each phase's share of them, `render` writes the table;
+//! this module holds the arguments, the report types and the run.
 
 mod cachet;
 mod llama;
 mod render;
+pub mod roofline;
 
 use std::path::PathBuf;
 
@@ -67,6 +69,9 @@ pub struct KernelArgs {
     /// Measure cachet only.
     #[arg(long)]
     pub no_llama: bool,
+    /// Skip the roofline (machine limits and per-phase fractions of them).
+    #[arg(long)]
+    pub no_roofline: bool,
     /// Markdown file whose marked section gets the results.
     #[arg(long, default_value = "docs/benchmarks.md")]
     pub doc: PathBuf,
@@ -95,6 +100,7 @@ impl Default for KernelArgs {
             llama_bench: None,
             llama_batched_bench: None,
             no_llama: false,
+            no_roofline: false,
             doc: PathBuf::from("docs/benchmarks.md"),
             no_doc: true,
             output_json: None,
@@ -155,6 +161,8 @@ pub struct KernelReport {
     pub ttft_cached_tokens: usize,
     pub llama_commands: Vec<String>,
     pub llama_error: Option<String>,
+    /// Machine limits and per-phase fractions of them (absent with `--no-roofline`).
+    pub roofline: Option<roofline::RooflineReport>,
 }
 
 pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
@@ -177,6 +185,11 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
             ..Default::default()
         },
     )?;
+    let roofline = if a.no_roofline {
+        None
+    } else {
+        Some(roofline::roofline_side(a, &model)?)
+    };
     let side = cachet::cachet_side(a, &model)?;
     drop(model);
     let mut cmds = Vec::new();
@@ -231,6 +244,7 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
         ttft_cached_tokens: side.cached_tokens,
         llama_commands: cmds,
         llama_error,
+        roofline,
     };
     crate::doc::publish(
         &rep,

@@ -53,7 +53,16 @@ pub fn table(rep: &KernelReport, markdown: bool) -> String {
             report::fmt_num(rep.ttft_cold_ms.mean / rep.ttft_cached_ms.mean)
         ),
     ]);
-    report::render(&header, &rows, markdown)
+    let mut out = report::render(&header, &rows, markdown);
+    if let Some(r) = &rep.roofline {
+        out.push_str(if markdown {
+            "\n**Roofline**\n\n"
+        } else {
+            "\nRoofline\n"
+        });
+        out.push_str(&super::roofline::render(r, markdown));
+    }
+    out
 }
 
 pub fn markdown(rep: &KernelReport) -> String {
