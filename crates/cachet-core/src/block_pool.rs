@@ -230,10 +230,10 @@ impl BlockPool {
         let hashes = &mut self.hashes;
         let h = hash;
         match self.cached.entry(
-                key(&h),
-                |&b| hashes[b as usize] == h,
-                |&b| key(&hashes[b as usize]),
-            ) {
+            key(&h),
+            |&b| hashes[b as usize] == h,
+            |&b| key(&hashes[b as usize]),
+        ) {
             hashbrown::hash_table::Entry::Occupied(_) => CacheOutcome::AlreadyCached,
             hashbrown::hash_table::Entry::Vacant(v) => {
                 v.insert(block);
@@ -428,7 +428,13 @@ mod tests {
         let mut b = Vec::new();
         let ev = alloc(&mut p, 1, &mut b);
         assert_eq!(b, vec![2]);
-        assert_eq!(ev, vec![Evicted { block: 2, hash: h(2) }]);
+        assert_eq!(
+            ev,
+            vec![Evicted {
+                block: 2,
+                hash: h(2)
+            }]
+        );
         assert_eq!(p.lookup(&h(2)), None);
         p.check_invariants().unwrap();
     }

@@ -82,12 +82,7 @@ pub struct KvCacheManager {
 }
 
 impl KvCacheManager {
-    pub fn new(
-        num_blocks: usize,
-        block_size: usize,
-        enable_caching: bool,
-        seed: HashSeed,
-    ) -> Self {
+    pub fn new(num_blocks: usize, block_size: usize, enable_caching: bool, seed: HashSeed) -> Self {
         assert!(block_size > 0, "block size must be positive");
         KvCacheManager {
             pool: BlockPool::new(num_blocks),
@@ -261,7 +256,10 @@ mod tests {
         let mut fx = KvEffects::default();
         m.allocate_slots(&mut a, &[], 0, 8, &mut fx).unwrap();
         assert!(m.commit(&mut a, &toks, 8, &mut fx));
-        assert_eq!((fx.allocated, fx.filled, fx.created.clone()), (2, 2, vec![0, 1]));
+        assert_eq!(
+            (fx.allocated, fx.filled, fx.created.clone()),
+            (2, 2, vec![0, 1])
+        );
         assert_eq!(fx.committed_until, 8);
         m.free(&mut a);
         // Same 8 tokens: cap floor(7/4) = 1 block.
@@ -283,7 +281,10 @@ mod tests {
         m.allocate_slots(&mut b, &[], 0, 4, &mut fx).unwrap();
         m.commit(&mut a, &toks, 4, &mut fx);
         m.commit(&mut b, &toks, 4, &mut fx);
-        assert_eq!((fx.allocated, fx.filled, fx.created.clone()), (2, 2, vec![0]));
+        assert_eq!(
+            (fx.allocated, fx.filled, fx.created.clone()),
+            (2, 2, vec![0])
+        );
     }
 
     #[test]

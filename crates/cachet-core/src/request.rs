@@ -308,10 +308,7 @@ mod tests {
             Err(InvalidRequest::ZeroMaxTokens)
         );
         // 10 + 90 tokens = 7 blocks of 16: fits 8; with 6 blocks it cannot.
-        let small = RequestLimits {
-            num_blocks: 6,
-            ..l
-        };
+        let small = RequestLimits { num_blocks: 6, ..l };
         assert_eq!(
             small.validate(draft(10, None)),
             Err(InvalidRequest::CannotFit {
@@ -335,7 +332,15 @@ mod tests {
         for ok in ["a", "chat-1", "u:42.turns_x", &"x".repeat(128)] {
             assert!(valid_session_id(ok), "{ok}");
         }
-        for bad in ["", "../../etc/passwd", "a/b", "a\0b", "a\r\nb", "é", &"x".repeat(129)] {
+        for bad in [
+            "",
+            "../../etc/passwd",
+            "a/b",
+            "a\0b",
+            "a\r\nb",
+            "é",
+            &"x".repeat(129),
+        ] {
             assert!(!valid_session_id(bad), "{bad:?}");
         }
         let mut d = draft(4, Some(1));

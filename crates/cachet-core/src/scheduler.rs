@@ -397,7 +397,8 @@ impl<O: Observer> Scheduler<O> {
         let done = self.sessions.release(session_id, &mut self.kv);
         if done {
             let id: Arc<str> = Arc::from(session_id);
-            self.obs.observe(Effect::SessionReleased { session_id: &id });
+            self.obs
+                .observe(Effect::SessionReleased { session_id: &id });
         }
         done
     }

@@ -220,6 +220,8 @@ impl SessionTable {
 
     /// Every block held by a parked session (for the ref-count invariant).
     pub fn held_blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.parked.values().flat_map(|p| p.kv.blocks.iter().copied())
+        self.parked
+            .values()
+            .flat_map(|p| p.kv.blocks.iter().copied())
     }
 }

@@ -62,10 +62,18 @@ impl Core {
     /// Validate against the scheduler's limits and queue it.
     pub fn add(&mut self, d: RequestDraft) -> Result<u32, Refused> {
         let id = d.label.to_string();
-        let v = self.s.config().limits().validate(d).map_err(Refused::Invalid)?;
+        let v = self
+            .s
+            .config()
+            .limits()
+            .validate(d)
+            .map_err(Refused::Invalid)?;
         let handle = self.next_handle;
         self.next_handle += 1;
-        let slot = self.s.add_request(handle, self.now, v).map_err(Refused::Add)?;
+        let slot = self
+            .s
+            .add_request(handle, self.now, v)
+            .map_err(Refused::Add)?;
         self.slots.insert(id.clone(), slot);
         self.ids.insert(slot, id);
         Ok(slot)

@@ -278,12 +278,22 @@ fn external_tier_tokens_are_cached_not_computed() {
     assert_eq!((load.slot, load.blocks.len()), (slot, 3));
     // Waiting for its KV: counted as waiting, not running.
     let g = s.s.gauges();
-    assert_eq!((g.num_requests_running, g.num_requests_waiting, g.num_requests_waiting_for_kv), (0, 1, 1));
+    assert_eq!(
+        (
+            g.num_requests_running,
+            g.num_requests_waiting,
+            g.num_requests_waiting_for_kv
+        ),
+        (0, 1, 1)
+    );
     // A stale resolution (another handle) is ignored.
     assert_eq!(s.s.resolve_loads(slot, load.handle + 1, &[R; 3]), None);
     assert_eq!(s.s.resolve_loads(slot, load.handle, &[R; 3]), Some(3));
     let (out, _) = s.step_with(2.0, Some(&mut tier));
-    assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (48, 52));
+    assert_eq!(
+        (out.chunks[0].start_pos, out.chunks[0].num_tokens),
+        (48, 52)
+    );
     let fin = s.take_finished();
     assert_eq!(
         fields(&stats_of(&fin, "a")),
@@ -292,16 +302,26 @@ fn external_tier_tokens_are_cached_not_computed() {
     let t = s.totals();
     // External queries are N - local_hit = 100 (spec §6).
     assert_eq!(
-        (t.external_prefix_cache_queries, t.external_prefix_cache_hits),
+        (
+            t.external_prefix_cache_queries,
+            t.external_prefix_cache_hits
+        ),
         (100, 48)
     );
     assert_eq!(
-        (t.prompt_tokens_external_kv_transfer, t.prompt_tokens_local_compute),
+        (
+            t.prompt_tokens_external_kv_transfer,
+            t.prompt_tokens_local_compute
+        ),
         (48, 52)
     );
     assert_eq!(t.blocks_filled, 6);
     assert_eq!(
-        (t.prompt_tokens_cached_device, t.prompt_tokens_cached_redis, t.prompt_tokens_cached_host),
+        (
+            t.prompt_tokens_cached_device,
+            t.prompt_tokens_cached_redis,
+            t.prompt_tokens_cached_host
+        ),
         (0, 48, 0)
     );
 }
@@ -318,13 +338,20 @@ fn failed_loads_are_computed_and_counted_as_computed() {
     let handle = out.kv_loads[0].handle;
     assert_eq!(s.s.resolve_loads(slot, handle, &[R, None, R]), Some(1));
     let (out, _) = s.step_with(2.0, Some(&mut tier));
-    assert_eq!((out.chunks[0].start_pos, out.chunks[0].num_tokens), (16, 84));
+    assert_eq!(
+        (out.chunks[0].start_pos, out.chunks[0].num_tokens),
+        (16, 84)
+    );
     let st = stats_of(&s.take_finished(), "a");
     // 84 computed; blocks 1..=5 new entries from computed tokens: 80 creation tokens.
     assert_eq!(fields(&st), [100, 0, 16, 16, 84, 80, 1, 7, 6, 0, 0]);
     let t = s.totals();
     assert_eq!(
-        (t.prefix_cache_queries, t.external_prefix_cache_queries, t.external_prefix_cache_hits),
+        (
+            t.prefix_cache_queries,
+            t.external_prefix_cache_queries,
+            t.external_prefix_cache_hits
+        ),
         (100, 100, 16)
     );
 }
@@ -380,6 +407,8 @@ fn rejects_what_can_never_run_and_what_the_state_forbids() {
     // The same label twice is fine (labels are not ids); the queue of 1 is full, though.
     assert_eq!(
         s.add(req("ok", toks(0, 8), 1)),
-        Err(Refused::Add(cachet_core::scheduler::AddError::QueueFull { waiting: 1 }))
+        Err(Refused::Add(cachet_core::scheduler::AddError::QueueFull {
+            waiting: 1
+        }))
     );
 }

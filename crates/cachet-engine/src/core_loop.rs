@@ -9,8 +9,7 @@ use cachet_core::exec::{BlockLoad, Executor};
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
 use cachet_core::{
-    BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig,
-    ValidRequest,
+    BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig, ValidRequest,
 };
 
 use crate::tier::{KvTier, LoadTicket, Payload, SaveReason};

@@ -10,6 +10,9 @@
 //! * [`tier::KvTier`]: the engine's side of an external KV tier.
 //! * [`offline::OfflineEngine`] runs requests to completion on the calling thread.
 //! * [`sim`] is the deterministic simulated model.
+//!
+//! The engine sees token ids only: the text side (tokenizer, templates, detokenizing, stop
+//! strings) is `cachet-text`'s, held by the server.
 //! * Stat loggers ([`StatLogger`]) receive one [`StepStats`] per step with per-interval deltas.
 
 pub mod core_loop;
@@ -18,7 +21,6 @@ pub mod offline;
 pub mod sim;
 mod thread;
 pub mod tier;
-pub mod tokenizer;
 
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -34,7 +36,6 @@ pub use handle::{
     AddRequestError, EngineFailure, EngineHandle, EngineState, RequestHandle, RequestOutput,
     RequestStream,
 };
-pub use tokenizer::{ChatMessage, IncrementalDetokenizer, TextTokenizer, TokenizerError};
 
 use core_loop::{CoreOptions, EngineCore};
 

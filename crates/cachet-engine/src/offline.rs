@@ -104,12 +104,10 @@ impl<E: Executor> OfflineEngine<E> {
         let limits = self.core.scheduler().config().limits();
         for r in reqs {
             let id = r.label.to_string();
-            let valid = limits
-                .validate(r)
-                .map_err(|err| OfflineError::Invalid {
-                    id: id.clone(),
-                    err,
-                })?;
+            let valid = limits.validate(r).map_err(|err| OfflineError::Invalid {
+                id: id.clone(),
+                err,
+            })?;
             self.next_handle += 1;
             let slot = self
                 .core

@@ -12,8 +12,6 @@ use std::time::Duration;
 use cachet_core::exec::{ExecBatch, ExecError, Executor, Sampled};
 use cachet_core::BlockId;
 
-use crate::tokenizer::{ChatMessage, TextTokenizer, TokenizerError};
-
 #[derive(Clone, Debug)]
 pub struct SimConfig {
     pub num_blocks: usize,
@@ -46,10 +44,11 @@ impl Default for SimConfig {
         SimConfig {
             num_blocks: 1024,
             block_size: 16,
-            // The byte tokenizer's printable ASCII: bytes 32..=126 are ids 35..=129.
-            first_token: ByteTokenizer::OFFSET + 32,
+            // The byte tokenizer's printable ASCII (`cachet_text::ByteTokenizer`: byte b is
+            // id b + 3): bytes 32..=126 are ids 35..=129.
+            first_token: SIM_FIRST_PRINTABLE,
             vocab_size: 95,
-            eos_token_id: ByteTokenizer::EOS,
+            eos_token_id: SIM_EOS,
             eos_at_output: None,
             prefill_cost_per_token: Duration::ZERO,
             decode_cost_per_seq: Duration::ZERO,
@@ -59,6 +58,12 @@ impl Default for SimConfig {
         }
     }
 }
+
+/// The id of the first printable ASCII byte (space) in the byte tokenizer the simulator pairs
+/// with (`cachet_text::ByteTokenizer`).
+pub const SIM_FIRST_PRINTABLE: u32 = 35;
+/// That tokenizer's EOS id.
+pub const SIM_EOS: u32 = 2;
 
 pub struct SimExecutor {
     cfg: SimConfig,
@@ -138,10 +143,9 @@ impl Executor for SimExecutor {
 
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
         if let Some(seq) = &self.cfg.panic_on {
-            let hit = batch
-                .seqs
-                .iter()
-                .any(|s| !seq.is_empty() && s.tokens.windows(seq.len()).any(|w| w == seq.as_slice()));
+            let hit = batch.seqs.iter().any(|s| {
+                !seq.is_empty() && s.tokens.windows(seq.len()).any(|w| w == seq.as_slice())
+            });
             if hit {
                 panic!("simulated executor: injected panic");
             }
@@ -306,49 +310,4 @@ fn prefetch<T>(v: &T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = v;
-}
-
-/// A byte-level tokenizer for the simulated model: byte `b` is token `b + 3`; 0 = pad,
-/// 1 = BOS, 2 = EOS. The chat template renders `<|role|>\ncontent\n` lines and ends with
-/// `<|assistant|>\n` when a generation prompt is asked for.
-#[derive(Clone, Debug, Default)]
-pub struct ByteTokenizer;
-
-impl ByteTokenizer {
-    pub const OFFSET: u32 = 3;
-    pub const EOS: u32 = 2;
-}
-
-impl TextTokenizer for ByteTokenizer {
-    fn encode(&self, text: &str, _add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        Ok(text.bytes().map(|b| b as u32 + Self::OFFSET).collect())
-    }
-
-    fn decode(&self, ids: &[u32], _skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        let bytes: Vec<u8> = ids
-            .iter()
-            .filter(|&&t| (Self::OFFSET..Self::OFFSET + 256).contains(&t))
-            .map(|&t| (t - Self::OFFSET) as u8)
-            .collect();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    }
-
-    fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
-        let mut s = String::new();
-        for m in messages {
-            s.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
-        }
-        if add_generation_prompt {
-            s.push_str("<|assistant|>\n");
-        }
-        Ok(s)
-    }
-
-    fn eos_token_ids(&self) -> Vec<u32> {
-        vec![Self::EOS]
-    }
 }

@@ -29,7 +29,12 @@ struct Route {
 }
 
 impl Routes {
-    fn insert(&mut self, slot: u32, handle: RequestHandle, tx: mpsc::UnboundedSender<RequestOutput>) {
+    fn insert(
+        &mut self,
+        slot: u32,
+        handle: RequestHandle,
+        tx: mpsc::UnboundedSender<RequestOutput>,
+    ) {
         let i = slot as usize;
         if self.by_slot.len() <= i {
             self.by_slot.resize_with(i + 1, || None);
@@ -79,7 +84,11 @@ impl Routes {
     }
 }
 
-pub(crate) fn run<E: Executor>(core: EngineCore<E>, rx: std_mpsc::Receiver<Command>, sh: Arc<Shared>) {
+pub(crate) fn run<E: Executor>(
+    core: EngineCore<E>,
+    rx: std_mpsc::Receiver<Command>,
+    sh: Arc<Shared>,
+) {
     let mut routes = Routes::default();
     let mut core = core;
     let result = catch_unwind(AssertUnwindSafe(|| serve(&mut core, &rx, &sh, &mut routes)));

@@ -113,7 +113,11 @@ async fn streams_tokens_then_final_output_with_stats() {
     let tokens: usize = outs.iter().map(|o| o.tokens.len()).sum();
     assert_eq!(tokens, 5);
     assert!(outs[0].first_token);
-    let first = outs[0].report.as_ref().and_then(|r| r.prefill_stats).unwrap();
+    let first = outs[0]
+        .report
+        .as_ref()
+        .and_then(|r| r.prefill_stats)
+        .unwrap();
     assert_eq!(first.cache_creation_tokens, 96);
     let last = outs.last().unwrap();
     assert_eq!(last.finish_reason, Some(FinishReason::Length));
@@ -155,17 +159,29 @@ async fn dropping_a_stream_aborts_and_frees_everything() {
 async fn a_late_abort_never_reaches_another_request_with_the_same_label() {
     let sum = Sum::default();
     let h = slow_engine(&sum);
-    let mut a = h.add_request(valid(&h, draft("same", 20, 2))).await.unwrap();
+    let mut a = h
+        .add_request(valid(&h, draft("same", 20, 2)))
+        .await
+        .unwrap();
     let a_handle = a.handle();
     let outs = drain(&mut a).await;
-    assert_eq!(outs.last().unwrap().finish_reason, Some(FinishReason::Length));
-    let mut b = h.add_request(valid(&h, draft("same", 20, 6))).await.unwrap();
+    assert_eq!(
+        outs.last().unwrap().finish_reason,
+        Some(FinishReason::Length)
+    );
+    let mut b = h
+        .add_request(valid(&h, draft("same", 20, 6)))
+        .await
+        .unwrap();
     assert_ne!(b.handle(), a_handle);
     // A's late disconnect, after B (same label) was admitted.
     h.abort(a_handle);
     drop(a);
     let outs = drain(&mut b).await;
-    assert_eq!(outs.last().unwrap().finish_reason, Some(FinishReason::Length));
+    assert_eq!(
+        outs.last().unwrap().finish_reason,
+        Some(FinishReason::Length)
+    );
     assert_eq!(outs.iter().map(|o| o.tokens.len()).sum::<usize>(), 6);
 }
 
@@ -181,7 +197,10 @@ async fn the_core_thread_refuses_a_full_queue() {
         ..Default::default()
     };
     let h = engine_with(sim, 1, 1, &sum);
-    let _a = h.add_request(valid(&h, draft("a", 20, 1000))).await.unwrap();
+    let _a = h
+        .add_request(valid(&h, draft("a", 20, 1000)))
+        .await
+        .unwrap();
     let _b = h.add_request(valid(&h, draft("b", 20, 2))).await.unwrap();
     assert_eq!(
         h.add_request(valid(&h, draft("c", 20, 2))).await.err(),
@@ -263,8 +282,14 @@ async fn closing_a_session_aborts_its_turn_in_flight() {
 async fn shutdown_drains_then_aborts_what_is_left() {
     let sum = Sum::default();
     let h = slow_engine(&sum);
-    let mut quick = h.add_request(valid(&h, draft("quick", 20, 2))).await.unwrap();
-    let mut slow = h.add_request(valid(&h, draft("slow", 20, 900))).await.unwrap();
+    let mut quick = h
+        .add_request(valid(&h, draft("quick", 20, 2)))
+        .await
+        .unwrap();
+    let mut slow = h
+        .add_request(valid(&h, draft("slow", 20, 900)))
+        .await
+        .unwrap();
     let aborted = h.shutdown(Duration::from_millis(300)).await;
     assert_eq!(aborted, 1);
     assert_eq!(h.state(), EngineState::Stopped);
@@ -272,10 +297,13 @@ async fn shutdown_drains_then_aborts_what_is_left() {
     assert_eq!(q.finish_reason, Some(FinishReason::Length));
     let s = drain(&mut slow).await.pop().unwrap();
     assert_eq!(s.finish_reason, Some(FinishReason::Abort));
-    let st = sum.0.lock().unwrap();
-    let aborts = st.1.iter().filter(|f| f.finish_reason == FinishReason::Abort).count();
+    let aborts = {
+        let st = sum.0.lock().unwrap();
+        st.1.iter()
+            .filter(|f| f.finish_reason == FinishReason::Abort)
+            .count()
+    };
     assert_eq!(aborts, 1, "the shutdown abort is counted like any abort");
-    drop(st);
     assert_eq!(
         h.add_request(valid(&h, draft("late", 4, 1))).await.err(),
         Some(AddRequestError::NotRunning(EngineState::Stopped))
@@ -299,7 +327,10 @@ async fn a_panic_on_the_core_thread_fails_every_live_request() {
         100,
         &sum,
     );
-    let mut live = h.add_request(valid(&h, draft("live", 20, 900))).await.unwrap();
+    let mut live = h
+        .add_request(valid(&h, draft("live", 20, 900)))
+        .await
+        .unwrap();
     assert!(live.next().await.unwrap().finish_reason.is_none());
     let mut bad = draft("bad", 4, 1);
     bad.prompt = trigger;

@@ -58,6 +58,6 @@ fn eos_at_output_is_deterministic() {
     let prompt: Vec<u32> = (10..14).collect();
     assert_eq!(
         run_prompt(&mut sim, &prompt, 0, &[0]),
-        cachet_engine::sim::ByteTokenizer::EOS
+        cachet_engine::sim::SIM_EOS
     );
 }

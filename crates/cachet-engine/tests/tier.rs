@@ -79,7 +79,10 @@ fn a_second_instance_loads_what_the_first_computed() {
     let mut a = engine(shared.share(), &a_totals);
     let (a_out, a_rep) = run_one(&mut a, 1, prompt.clone());
     let a_stats = a_rep.prefill_stats.unwrap();
-    assert_eq!((a_stats.external_cached_tokens, a_stats.computed_tokens), (0, 100));
+    assert_eq!(
+        (a_stats.external_cached_tokens, a_stats.computed_tokens),
+        (0, 100)
+    );
     // A saved its 6 new cache entries (96 tokens) to the tier.
     assert_eq!(shared.len(), 6);
 
@@ -143,7 +146,11 @@ fn a_failed_load_is_computed_and_the_output_is_unchanged() {
         }
     }
     impl KvTier for Vanishing {
-        fn start_load(&mut self, t: cachet_engine::tier::LoadTicket, h: Vec<cachet_core::BlockHash>) {
+        fn start_load(
+            &mut self,
+            t: cachet_engine::tier::LoadTicket,
+            h: Vec<cachet_core::BlockHash>,
+        ) {
             if let Some(v) = self.victim.take() {
                 self.inner.set(v, None);
             }
@@ -189,7 +196,10 @@ fn a_failed_load_is_computed_and_the_output_is_unchanged() {
     assert_eq!((s.external_cached_tokens, s.computed_tokens), (32, 68));
     let t = b_totals.0.lock().map(|t| *t).unwrap();
     assert_eq!(
-        (t.external_prefix_cache_queries, t.external_prefix_cache_hits),
+        (
+            t.external_prefix_cache_queries,
+            t.external_prefix_cache_hits
+        ),
         (100, 32)
     );
 }

@@ -18,11 +18,11 @@ pub mod tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+pub use cachet_text as text;
+pub use cachet_text::ChatMessage;
 pub use error::ModelError;
 pub use executor::{ExecutorConfig, KvDtype, LlamaExecutor};
 pub use gguf::{Architecture, LlamaConfig, LlamaWeights, RopeStyle};
-pub use cachet_text as text;
-pub use cachet_text::ChatMessage;
 pub use tokenizer::GgufTokenizer;
 
 /// File name of the default model in the cache directory.

@@ -9,7 +9,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cachet_core::RequestDraft;
-use cachet_engine::ChatMessage;
+use cachet_text::{ChatMessage, Role};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -135,10 +135,7 @@ pub async fn messages(
     if let Some(system) = &req.system {
         let s = system.to_text("system")?;
         if !s.is_empty() {
-            chat.push(ChatMessage {
-                role: "system".into(),
-                content: s,
-            });
+            chat.push(ChatMessage::new(Role::System, s));
         }
     }
     for m in &req.messages {
@@ -149,10 +146,12 @@ pub async fn messages(
             )
             .into());
         }
-        chat.push(ChatMessage {
-            role: m.role.clone(),
-            content: m.content.to_text("messages")?,
-        });
+        let role = if m.role == "user" {
+            Role::User
+        } else {
+            Role::Assistant
+        };
+        chat.push(ChatMessage::new(role, m.content.to_text("messages")?));
     }
     let tok = state.tokenizer().clone();
     let rendered = tok.apply_chat_template(&chat, true).map_err(|e| {
@@ -175,8 +174,12 @@ pub async fn messages(
     draft.max_tokens = max_tokens;
     draft.cache_salt = req.cache_salt.clone();
     draft.session_id = req.session_id.as_deref().map(std::sync::Arc::from);
-    let mut gen = Generation::start(&state, draft, req.stop_sequences.clone().unwrap_or_default())
-        .await?;
+    let mut gen = Generation::start(
+        &state,
+        draft,
+        req.stop_sequences.clone().unwrap_or_default(),
+    )
+    .await?;
     let id = gen.request_id().to_string();
     let mut resp = if req.stream.unwrap_or(false) {
         Sse::new(stream_events(state, gen, model)).into_response()

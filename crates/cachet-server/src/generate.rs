@@ -8,9 +8,9 @@ use axum::http::HeaderMap;
 use cachet_core::request::InvalidRequest;
 use cachet_core::{FinishReason, Report, RequestDraft, Sampled, SessionInfo};
 use cachet_engine::{
-    AddError, AddRequestError, EngineFailure, EngineState, IncrementalDetokenizer,
-    RequestHandle, RequestStream,
+    AddError, AddRequestError, EngineFailure, EngineState, RequestHandle, RequestStream,
 };
+use cachet_text::{IncrementalDetokenizer, StopMatcher};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -92,7 +92,7 @@ pub struct Generation {
     stream: RequestStream,
     request_id: String,
     detok: IncrementalDetokenizer,
-    stop: crate::stop::StopMatcher,
+    stop: StopMatcher,
     want_tokens: bool,
     prompt_len: usize,
     tokens_received: u64,
@@ -134,7 +134,9 @@ fn map_invalid(e: InvalidRequest) -> ApiError {
 fn map_add_error(e: AddRequestError) -> ApiError {
     match e {
         AddRequestError::Refused(AddError::QueueFull { .. }) => ApiError::QueueFull,
-        AddRequestError::Refused(AddError::SessionBusy(id)) => ApiError::SessionBusy(id.to_string()),
+        AddRequestError::Refused(AddError::SessionBusy(id)) => {
+            ApiError::SessionBusy(id.to_string())
+        }
         AddRequestError::NotRunning(EngineState::Dead) => ApiError::EngineDead,
         AddRequestError::NotRunning(_) => ApiError::ShuttingDown,
     }
@@ -151,6 +153,9 @@ impl Generation {
         let want_tokens = draft.sampling.logprobs.is_some();
         let prompt_len = draft.prompt.len();
         let request_id = draft.label.to_string();
+        // Stop strings are bounded in count and size (one automaton matches them all).
+        let stop =
+            StopMatcher::new(stop).map_err(|e| ApiError::bad_param("stop", e.to_string()))?;
         let engine = state.engine();
         let valid = engine.limits().validate(draft).map_err(map_invalid)?;
         let stream = engine.add_request(valid).await.map_err(map_add_error)?;
@@ -158,8 +163,8 @@ impl Generation {
             state: state.clone(),
             stream,
             request_id,
-            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer())),
-            stop: crate::stop::StopMatcher::new(stop),
+            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer()), true),
+            stop,
             want_tokens,
             prompt_len,
             tokens_received: 0,
@@ -223,7 +228,7 @@ impl Generation {
                     let mut delta = Delta::default();
                     if self.stop_hit.is_none() {
                         let ids: Vec<u32> = out.tokens.iter().map(|s| s.token).collect();
-                        let text = self.detok.push(&ids);
+                        let text = self.detok.push(&ids).unwrap_or_default();
                         let outcome = self.stop.push(&text);
                         delta.text = outcome.emit;
                         if self.want_tokens {
@@ -241,7 +246,7 @@ impl Generation {
                     }
                     if out.finish_reason.is_some() && self.stop_hit.is_none() {
                         // Release what the detokenizer and the stop matcher still hold.
-                        let tail = self.detok.flush();
+                        let tail = self.detok.flush().unwrap_or_default();
                         let outcome = self.stop.push(&tail);
                         delta.text.push_str(&outcome.emit);
                         if let Some(i) = outcome.matched {

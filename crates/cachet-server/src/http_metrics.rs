@@ -98,7 +98,10 @@ mod tests {
 
     #[test]
     fn handlers_are_route_templates() {
-        assert_eq!(handler_label("/v1/chat/completions"), "/v1/chat/completions");
+        assert_eq!(
+            handler_label("/v1/chat/completions"),
+            "/v1/chat/completions"
+        );
         assert_eq!(handler_label("/v1/sessions/abc"), "/v1/sessions/{id}");
         assert_eq!(handler_label("/v1/sessions/a/b"), "none");
         assert_eq!(handler_label("/nope"), "none");

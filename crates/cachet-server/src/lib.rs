@@ -33,7 +33,6 @@ mod misc;
 pub mod openai;
 mod process;
 pub mod sampling;
-pub mod stop;
 mod usage;
 
 use std::future::Future;
@@ -46,7 +45,8 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use cachet_engine::{EngineHandle, EngineState, TextTokenizer};
+use cachet_engine::{EngineHandle, EngineState};
+use cachet_text::TextTokenizer;
 use thiserror::Error;
 
 pub use args::{ServerArgs, DEFAULT_MAX_BODY_BYTES};
@@ -211,7 +211,15 @@ pub async fn serve(
             addr: addr.clone(),
             source,
         })?;
-    serve_on(listener, args, handle, tokenizer, registry, shutdown_signal()).await
+    serve_on(
+        listener,
+        args,
+        handle,
+        tokenizer,
+        registry,
+        shutdown_signal(),
+    )
+    .await
 }
 
 /// [`serve`] on an already-bound listener, ending when `shutdown` resolves or the engine dies.
@@ -227,8 +235,8 @@ pub async fn serve_on(
         tracing::info!(%addr, model = %handle.model().name, "cachet server listening");
     }
     let state = AppState::new(handle.clone(), tokenizer, registry.clone(), &args);
-    let drain_timeout = Duration::try_from_secs_f64(args.shutdown_timeout)
-        .unwrap_or(Duration::from_secs(30));
+    let drain_timeout =
+        Duration::try_from_secs_f64(args.shutdown_timeout).unwrap_or(Duration::from_secs(30));
     // Stop serving on a signal, or when the engine dies (after a moment for the error
     // responses of the requests it failed to reach their clients).
     let mut engine_state = handle.watch_state();

@@ -262,7 +262,10 @@ impl CacheConfigInfo {
                     .map_or("None".to_string(), |n| n.to_string()),
             ),
             ("prefix_caching_hash_algo", "blake3".to_string()),
-            ("kv_cache_memory_bytes", self.kv_cache_memory_bytes.to_string()),
+            (
+                "kv_cache_memory_bytes",
+                self.kv_cache_memory_bytes.to_string(),
+            ),
         ]
     }
 }
@@ -309,7 +312,10 @@ impl MetricsHandle {
         let token_buckets = build_1_2_5_buckets(max_model_len as u64);
         let r = root.sub_registry_with_labels(
             [
-                (Cow::Borrowed("model_name"), Cow::Owned(model_name.to_string())),
+                (
+                    Cow::Borrowed("model_name"),
+                    Cow::Owned(model_name.to_string()),
+                ),
                 (Cow::Borrowed("engine"), Cow::Borrowed("0")),
             ]
             .into_iter(),
@@ -596,11 +602,16 @@ pub fn markdown_table() -> String {
     }
     out.push_str("| `vllm:num_requests_waiting_by_reason{reason}` | gauge | `capacity`: waiting for scheduling capacity; `deferred`: waiting for external KV loads |\n");
     out.push_str("| `vllm:engine_sleep_state{sleep_state}` | gauge | `awake` 1 while the engine serves; 0 once it died or stopped |\n");
-    out.push_str("| `vllm:cache_config_info` | gauge | 1, with the KV cache configuration as labels |\n");
+    out.push_str(
+        "| `vllm:cache_config_info` | gauge | 1, with the KV cache configuration as labels |\n",
+    );
     let mut seen: Vec<&str> = Vec::new();
     for c in COUNTERS {
         match c.label {
-            None => out.push_str(&format!("| `{}_total` | counter | {} |\n", c.metric, c.meaning)),
+            None => out.push_str(&format!(
+                "| `{}_total` | counter | {} |\n",
+                c.metric, c.meaning
+            )),
             Some((k, v)) => {
                 if !seen.contains(&c.metric) {
                     seen.push(c.metric);
@@ -624,8 +635,12 @@ pub fn markdown_table() -> String {
         out.push_str(&format!("| `{}` | histogram | {} |\n", h.name, h.help));
     }
     out.push_str("| `http_requests_total{method,status,handler}` | counter | HTTP requests by route template (`none` when unmatched) and status class (`2xx`, ...) |\n");
-    out.push_str("| `http_request_duration_seconds{method,handler}` | histogram | HTTP latency by route |\n");
-    out.push_str("| `http_request_duration_highr_seconds` | histogram | HTTP latency, finer buckets |\n");
+    out.push_str(
+        "| `http_request_duration_seconds{method,handler}` | histogram | HTTP latency by route |\n",
+    );
+    out.push_str(
+        "| `http_request_duration_highr_seconds` | histogram | HTTP latency, finer buckets |\n",
+    );
     out.push_str("| `process_*` | | CPU seconds, resident and virtual memory, open and max fds, start time |\n");
     out
 }

@@ -9,7 +9,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cachet_core::{RequestDraft, Sampled};
-use cachet_engine::{ChatMessage, TextTokenizer};
+use cachet_text::{ChatMessage, Role, TextTokenizer};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -93,10 +93,10 @@ pub fn convert_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, 
                 Some(c) => c.to_text("messages")?,
                 None => String::new(),
             };
-            Ok(ChatMessage {
-                role: m.role.clone(),
-                content,
-            })
+            let role: Role = m.role.parse().map_err(|e: cachet_text::MessageError| {
+                ApiError::bad_param("messages", e.to_string())
+            })?;
+            Ok(ChatMessage::new(role, content))
         })
         .collect()
 }
@@ -194,7 +194,10 @@ impl CommonParams {
     }
 
     fn stop_strings(&self) -> Vec<String> {
-        self.stop.clone().map(StopField::into_vec).unwrap_or_default()
+        self.stop
+            .clone()
+            .map(StopField::into_vec)
+            .unwrap_or_default()
     }
 
     fn include_usage(&self) -> bool {
@@ -253,7 +256,7 @@ fn now_secs() -> u64 {
 }
 
 fn token_text(tok: &dyn TextTokenizer, id: u32) -> String {
-    tok.decode(&[id], false).unwrap_or_default()
+    tok.token_to_piece(id).unwrap_or_default()
 }
 
 fn chat_logprobs(tok: &dyn TextTokenizer, tokens: &[Sampled]) -> Value {

@@ -826,11 +826,17 @@ async fn a_late_disconnect_never_aborts_a_new_request_with_the_same_id() {
     assert!(text.contains("\"finish_reason\":\"length\""), "{text}");
     let m = h.scrape().await;
     assert_eq!(
-        m.get("vllm:request_success_total", &[("finished_reason", "abort")]),
+        m.get(
+            "vllm:request_success_total",
+            &[("finished_reason", "abort")]
+        ),
         0.0
     );
     assert_eq!(
-        m.get("vllm:request_success_total", &[("finished_reason", "length")]),
+        m.get(
+            "vllm:request_success_total",
+            &[("finished_reason", "length")]
+        ),
         2.0
     );
 }

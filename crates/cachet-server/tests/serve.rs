@@ -132,10 +132,8 @@ async fn tcp_disconnect_mid_stream_aborts() {
 /// requests answer 503, and the server stops with `EngineDead` (the binary exits non-zero).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
-    use cachet_engine::TextTokenizer;
-    let trigger = cachet_engine::sim::ByteTokenizer
-        .encode("PANIC!", false)
-        .unwrap();
+    use cachet_text::TextTokenizer;
+    let trigger = cachet_text::ByteTokenizer.encode("PANIC!", false).unwrap();
     let h = start(Opts {
         step_ms: 5,
         panic_on: Some(trigger),
@@ -145,7 +143,9 @@ async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
     // A stream in flight.
     let mut conn = TcpStream::connect(addr).await.unwrap();
     let body = json!({"prompt": "long", "max_tokens": 500, "ignore_eos": true, "stream": true});
-    conn.write_all(&http_post("/v1/completions", &body)).await.unwrap();
+    conn.write_all(&http_post("/v1/completions", &body))
+        .await
+        .unwrap();
     let mut buf = vec![0u8; 4096];
     let n = conn.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
@@ -162,13 +162,22 @@ async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
             .unwrap();
         let resp = app.oneshot(req).await.unwrap();
         let status = resp.status();
-        let bytes = http_body_util::BodyExt::collect(resp.into_body()).await.unwrap().to_bytes();
-        let _ = tx.send((status, serde_json::from_slice::<serde_json::Value>(&bytes).unwrap()));
+        let bytes = http_body_util::BodyExt::collect(resp.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        let _ = tx.send((
+            status,
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+        ));
     });
     tokio::time::sleep(Duration::from_millis(50)).await;
     // The request that kills the engine.
     let (s, _, _) = h
-        .post("/v1/completions", json!({"prompt": "PANIC!", "max_tokens": 2}))
+        .post(
+            "/v1/completions",
+            json!({"prompt": "PANIC!", "max_tokens": 2}),
+        )
         .await;
     assert_eq!(s, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
     let (status, v) = rx.await.unwrap();
@@ -185,7 +194,10 @@ async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
     let (s, _) = h.get("/health").await;
     assert_eq!(s, axum::http::StatusCode::SERVICE_UNAVAILABLE);
     let (s, v, _) = h
-        .post("/v1/completions", json!({"prompt": "after", "max_tokens": 2}))
+        .post(
+            "/v1/completions",
+            json!({"prompt": "after", "max_tokens": 2}),
+        )
         .await;
     assert_eq!(s, axum::http::StatusCode::SERVICE_UNAVAILABLE, "{v}");
     assert_eq!(v["error"]["code"], "engine_dead");
@@ -198,5 +210,8 @@ async fn an_engine_panic_fails_live_requests_and_stops_the_server() {
         .await
         .unwrap()
         .unwrap();
-    assert!(matches!(res, Err(cachet_server::ServeError::EngineDead)), "{res:?}");
+    assert!(
+        matches!(res, Err(cachet_server::ServeError::EngineDead)),
+        "{res:?}"
+    );
 }

@@ -421,7 +421,11 @@ async fn session_id_validation_and_auth() {
         )
         .await;
     assert_eq!(s, StatusCode::OK, "{v}");
-    for path in ["/v1/sessions/..%2F..%2Fetc%2Fpasswd", "/v1/sessions/a%0D%0Ab", "/v1/sessions/a%00b"] {
+    for path in [
+        "/v1/sessions/..%2F..%2Fetc%2Fpasswd",
+        "/v1/sessions/a%0D%0Ab",
+        "/v1/sessions/a%00b",
+    ] {
         let del = Request::delete(path).body(Body::empty()).unwrap();
         let resp = h.send(del).await;
         assert_eq!(resp.status(), StatusCode::BAD_REQUEST, "{path}");

@@ -94,10 +94,7 @@ fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Resul
         cache_dtype: built.kv_cache_dtype.clone(),
         enable_prefix_caching: sc.enable_prefix_caching,
         num_cpu_blocks: None,
-        kv_cache_memory_bytes: built
-            .loaded
-            .as_ref()
-            .map_or(0, |_| engine.kv_cache_memory),
+        kv_cache_memory_bytes: built.loaded.as_ref().map_or(0, |_| engine.kv_cache_memory),
     };
     let metrics = cachet_server::MetricsHandle::new(&name, built.model.max_model_len, cache);
     let mut loggers: Vec<Box<dyn cachet_engine::StatLogger>> = vec![Box::new(metrics.logger())];
@@ -119,6 +116,11 @@ fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Resul
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(cachet_server::serve(server, handle, built.tokenizer, metrics))?;
+    rt.block_on(cachet_server::serve(
+        server,
+        handle,
+        built.tokenizer,
+        metrics,
+    ))?;
     Ok(())
 }

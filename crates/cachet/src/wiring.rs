@@ -4,10 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cachet_core::{SchedulerConfig, SchedulingPolicy};
-use cachet_engine::sim::{ByteTokenizer, SimConfig, SimExecutor};
-use cachet_engine::{ChatMessage, EngineConfig, ModelInfo, TextTokenizer, TokenizerError};
+use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::{EngineConfig, ModelInfo};
 use cachet_model::executor::{ExecutorConfig, KvDtype, LlamaExecutor};
-use cachet_model::{GgufTokenizer, LoadOptions, LoadedModel};
+use cachet_model::{LoadOptions, LoadedModel};
+use cachet_text::{ByteTokenizer, TextTokenizer};
 use thiserror::Error;
 
 use crate::args::{EngineArgs, ExecutorKind, Policy};
@@ -22,44 +23,6 @@ pub enum WiringError {
     Model(#[from] cachet_model::ModelError),
     #[error("invalid engine settings: {0}")]
     Invalid(String),
-}
-
-/// The GGUF tokenizer seen through the engine's trait.
-pub struct GgufText(pub GgufTokenizer);
-
-impl TextTokenizer for GgufText {
-    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizerError> {
-        self.0
-            .encode(text, add_special_tokens)
-            .map_err(|e| TokenizerError::Encode(e.to_string()))
-    }
-    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TokenizerError> {
-        self.0
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| TokenizerError::Decode(e.to_string()))
-    }
-    fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TokenizerError> {
-        let msgs = messages
-            .iter()
-            .map(|m| {
-                let role = m
-                    .role
-                    .parse::<cachet_model::text::Role>()
-                    .map_err(|e| TokenizerError::Template(e.to_string()))?;
-                Ok(cachet_model::ChatMessage::new(role, m.content.clone()))
-            })
-            .collect::<Result<Vec<_>, TokenizerError>>()?;
-        self.0
-            .apply_chat_template(&msgs, add_generation_prompt)
-            .map_err(|e| TokenizerError::Template(e.to_string()))
-    }
-    fn eos_token_ids(&self) -> Vec<u32> {
-        self.0.eos_token_ids()
-    }
 }
 
 /// An executor of either kind, behind one type.
@@ -169,7 +132,7 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 ..Default::default()
             });
             let tok = ByteTokenizer;
-            let eos = tok.eos_token_ids();
+            let eos = tok.eos_token_ids().to_vec();
             Ok(Built {
                 executor: AnyExecutor::Sim(sim),
                 engine: EngineConfig {
@@ -222,8 +185,8 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 num_blocks,
                 kv_dtype,
             })?;
-            let tok = GgufText(loaded.tokenizer.clone());
-            let eos = tok.eos_token_ids();
+            let tok = loaded.tokenizer.clone();
+            let eos = tok.eos_token_ids().to_vec();
             tracing::info!(
                 model = %loaded.info.name,
                 arch = %loaded.info.architecture,

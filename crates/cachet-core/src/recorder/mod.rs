@@ -259,11 +259,7 @@ impl Observer for Recorder {
                 kv,
             } => {
                 let totals = &mut self.totals;
-                let Some(r) = self
-                    .records
-                    .get_mut(slot as usize)
-                    .and_then(|r| r.as_mut())
-                else {
+                let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
                     return;
                 };
                 if first {
@@ -300,11 +296,7 @@ impl Observer for Recorder {
                 failed_tokens: _,
             } => {
                 let totals = &mut self.totals;
-                if let Some(r) = self
-                    .records
-                    .get_mut(slot as usize)
-                    .and_then(|r| r.as_mut())
-                {
+                if let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) {
                     for &t in sources {
                         let n = b as u64;
                         match t {
@@ -366,11 +358,7 @@ impl Observer for Recorder {
             }
             Effect::Sampled { slot, now, first } => {
                 self.totals.generation_tokens += 1;
-                let Some(r) = self
-                    .records
-                    .get_mut(slot as usize)
-                    .and_then(|r| r.as_mut())
-                else {
+                let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
                     return;
                 };
                 if first && !r.finalized {
@@ -404,8 +392,7 @@ impl Observer for Recorder {
                 generation_tokens,
                 parked,
             } => {
-                let Some(mut r) = self.records.get_mut(slot as usize).and_then(|r| r.take())
-                else {
+                let Some(mut r) = self.records.get_mut(slot as usize).and_then(|r| r.take()) else {
                     return;
                 };
                 if r.admitted {

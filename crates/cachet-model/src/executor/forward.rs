@@ -23,7 +23,6 @@ impl SendPtr {
     }
 }
 
-
 fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let ss: f32 = sum_squares(x) / x.len() as f32;
     let r = 1.0 / (ss + eps).sqrt();
@@ -185,7 +184,6 @@ fn fused_matmul(
 fn matmul(q: &QMatrix, pool: &ThreadPool, x: &[f32], m: usize, out: &mut [f32]) {
     q.matmul(pool, x, m, &mut out[..m * q.rows()]);
 }
-
 
 #[allow(clippy::too_many_arguments)]
 pub(super) fn forward_impl<T: KvStore>(

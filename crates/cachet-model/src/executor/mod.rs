@@ -23,9 +23,9 @@ use crate::gguf::LlamaWeights;
 use crate::sampling::{self, SampleInput, SamplerScratch};
 use crate::ModelError;
 
+pub use arena::KvStore;
 use arena::{new_layers, Arena};
 use forward::forward_impl;
-pub use arena::KvStore;
 
 /// Element type of the KV arena.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -69,7 +69,6 @@ pub struct ExecutorConfig {
     pub kv_dtype: KvDtype,
 }
 
-
 /// Names of the phases timed by [`LlamaExecutor::set_profiling`].
 pub const PROFILE_PHASES: [&str; 8] = [
     "embed",
@@ -109,7 +108,6 @@ impl Prof {
     }
 }
 
-
 /// Scratch buffers reused across steps (grown, never shrunk).
 #[derive(Default)]
 pub(crate) struct Scratch {
@@ -136,7 +134,6 @@ pub(crate) struct Scratch {
     /// Attention tasks: (sequence, first token, end token) within the sequence.
     pub(crate) tasks: Vec<(usize, usize, usize)>,
 }
-
 
 /// Runs a llama-family model over the core's paged KV blocks.
 pub struct LlamaExecutor {

@@ -11,11 +11,10 @@ use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
 use cachet_engine::core_loop::CoreOptions;
-use cachet_engine::sim::{ByteTokenizer, SimConfig, SimExecutor};
-use cachet_engine::{
-    start_engine, EngineConfig, EngineHandle, ModelInfo, SchedulerConfig, TextTokenizer,
-};
+use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::{start_engine, EngineConfig, EngineHandle, ModelInfo, SchedulerConfig};
 use cachet_server::{router, AppState, CacheConfigInfo, MetricsHandle, ServerArgs};
+use cachet_text::{ByteTokenizer, TextTokenizer};
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tower::ServiceExt;
@@ -85,7 +84,7 @@ pub fn start(opts: Opts) -> Harness {
             num_blocks: opts.num_kv_blocks,
             max_num_seqs: opts.max_num_seqs,
             max_model_len: opts.max_model_len,
-            eos_token_ids: tokenizer.eos_token_ids(),
+            eos_token_ids: tokenizer.eos_token_ids().to_vec(),
             max_waiting_requests: opts.max_waiting_requests,
             ..SchedulerConfig::default()
         },
