@@ -190,6 +190,9 @@ impl Request {
     }
 }
 
+/// Most output tokens a request's token buffer reserves room for at admission.
+const MAX_OUTPUT_RESERVE: usize = 1024;
+
 /// How an admission went.
 enum Admission {
     /// Running, with this many tokens scheduled.
@@ -335,7 +338,10 @@ impl<O: Observer> Scheduler<O> {
                 return Err(AddError::SessionBusy(sid.clone()));
             }
         }
-        let d = req.into_draft();
+        let mut d = req.into_draft();
+        // Room for the output up front (bounded): no reallocation per generated token.
+        d.prompt
+            .reserve_exact((d.sampling.max_tokens as usize).min(MAX_OUTPUT_RESERVE));
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.slots.push(None);
             (self.slots.len() - 1) as u32

@@ -65,22 +65,22 @@ pub struct LatencySamples {
     pub itl_s: Vec<f64>,
 }
 
-/// Per-request state of the recorder, by slot, while the request lives.
+/// Per-request state of the recorder, by slot, while the request lives (what a decode token
+/// touches, its last token's time, lives apart in a dense array).
 #[derive(Debug)]
 struct Record {
+    /// The first output token exists: physical fields are final.
+    finalized: bool,
     handle: u64,
     label: Arc<str>,
     session_id: Option<Arc<str>>,
     prompt_len: usize,
     max_tokens: u32,
     times: RequestTimes,
-    last_token: f64,
     stats: PrefillStats,
     admitted: bool,
     /// Logical fields are fixed.
     settled: bool,
-    /// The first output token exists: physical fields are final.
-    finalized: bool,
     /// Prompt positions below this are not counted as cache creation (again).
     creation_floor: usize,
     num_preemptions: u64,
@@ -95,6 +95,9 @@ struct Record {
 pub struct Recorder {
     block_size: usize,
     records: Vec<Option<Record>>,
+    /// Time of each live request's latest token, by slot: the one thing a decode token reads,
+    /// kept dense so a step over a thousand requests stays in L1.
+    last_token: Vec<f64>,
     totals: CounterTotals,
     samples: LatencySamples,
     finished: Vec<FinishedRequestStats>,
@@ -108,6 +111,7 @@ impl Recorder {
         Recorder {
             block_size,
             records: Vec::new(),
+            last_token: Vec::new(),
             totals: CounterTotals::default(),
             samples: LatencySamples::default(),
             finished: Vec::new(),
@@ -126,9 +130,14 @@ impl Recorder {
         std::mem::take(&mut self.finished)
     }
 
-    /// Latency samples since the last call.
+    /// Latency samples since the last call. The buffers start the next interval with the
+    /// room this one needed (a decode step pushes one sample per running request).
     pub fn take_latency_samples(&mut self) -> LatencySamples {
-        std::mem::take(&mut self.samples)
+        let next = LatencySamples {
+            ttft_s: Vec::with_capacity(self.samples.ttft_s.len()),
+            itl_s: Vec::with_capacity(self.samples.itl_s.len()),
+        };
+        std::mem::replace(&mut self.samples, next)
     }
 
     /// Reports for first-token and final updates since the last call, as (slot, report), in
@@ -198,9 +207,32 @@ impl Recorder {
 }
 
 impl Observer for Recorder {
+    /// The decode step's effect (a token appended to a request past its first) is handled
+    /// inline at the call site; everything else out of line.
+    #[inline]
     fn observe(&mut self, effect: Effect<'_>) {
+        if let Effect::Sampled {
+            slot,
+            now,
+            first: false,
+        } = effect
+        {
+            self.totals.generation_tokens += 1;
+            if let Some(last) = self.last_token.get_mut(slot as usize) {
+                self.samples.itl_s.push((now - *last).max(0.0));
+                *last = now;
+            }
+            return;
+        }
+        self.observe_rest(&effect);
+    }
+}
+
+impl Recorder {
+    #[inline(never)]
+    fn observe_rest(&mut self, effect: &Effect<'_>) {
         let b = self.block_size;
-        match effect {
+        match *effect {
             Effect::Arrived {
                 slot,
                 handle,
@@ -214,7 +246,9 @@ impl Observer for Recorder {
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
+                    self.last_token.resize(i + 1, 0.0);
                 }
+                self.last_token[i] = arrival;
                 let session_base = match session {
                     Some(s) => {
                         let base = self.sessions.remove(&s.session_id);
@@ -227,6 +261,7 @@ impl Observer for Recorder {
                     None => SessionTotals::default(),
                 };
                 self.records[i] = Some(Record {
+                    finalized: false,
                     handle,
                     label: label.clone(),
                     session_id: session.map(|s| s.session_id.clone()),
@@ -236,11 +271,9 @@ impl Observer for Recorder {
                         arrival,
                         ..Default::default()
                     },
-                    last_token: arrival,
                     stats: PrefillStats::default(),
                     admitted: false,
                     settled: false,
-                    finalized: false,
                     creation_floor: 0,
                     num_preemptions: 0,
                     lookup: None,
@@ -378,11 +411,13 @@ impl Observer for Recorder {
                         session,
                         finished: None,
                     };
-                    r.last_token = now;
+                    if let Some(last) = self.last_token.get_mut(slot as usize) {
+                        *last = now;
+                    }
                     self.push_report(slot, report);
-                } else {
-                    self.samples.itl_s.push((now - r.last_token).max(0.0));
-                    r.last_token = now;
+                } else if let Some(last) = self.last_token.get_mut(slot as usize) {
+                    self.samples.itl_s.push((now - *last).max(0.0));
+                    *last = now;
                 }
             }
             Effect::Finished {
