@@ -14,7 +14,7 @@ use crate::format::{decode_value, encode_value, value_overhead, LoadError, TierN
 use crate::health::{Health, RateLog};
 use crate::host::{HostInsert, HostLru};
 use crate::redis_conn::{self, is_outage, Conn};
-use crate::stats::{add_ns, Counters, TierStats};
+use crate::stats::{Counters, TierStats};
 use crate::{Payload, TierError};
 
 /// Which tier supplied a block.
@@ -298,6 +298,7 @@ impl TierClient {
         if hashes.is_empty() {
             return Vec::new();
         }
+        let t0 = Instant::now();
         let stats = &self.inner.shared.stats;
         let in_host: Vec<bool> = match &self.inner.host {
             Some(h) => {
@@ -337,6 +338,7 @@ impl TierClient {
             let n = run.iter().filter(|k| **k == TierKind::Redis).count();
             stats.redis.lookup_blocks.fetch_add(n as u64, Relaxed);
         }
+        stats.lookup_delay.observe(t0.elapsed());
         run
     }
 
@@ -406,7 +408,7 @@ impl TierClient {
                 let s = &shared.stats.host;
                 s.blocks_loaded.fetch_add(n, Relaxed);
                 s.bytes_loaded.fetch_add(bytes, Relaxed);
-                s.load_call(t0.elapsed());
+                s.load_call(t0.elapsed(), bytes);
             }
         }
         let rest: Vec<usize> = (0..hashes.len())
@@ -449,9 +451,7 @@ impl TierClient {
                 let out = lock(h).insert(hash, payload);
                 match out {
                     HostInsert::Stored { .. } => {
-                        stats.host.blocks_saved.fetch_add(1, Relaxed);
-                        stats.host.bytes_saved.fetch_add(len, Relaxed);
-                        add_ns(&stats.host.save_ns, t0.elapsed());
+                        stats.host.save_call(t0.elapsed(), 1, len);
                         true
                     }
                     HostInsert::TooLarge => {
@@ -589,7 +589,7 @@ async fn redis_load(
     let s = &shared.stats.redis;
     s.blocks_loaded.fetch_add(n, Relaxed);
     s.bytes_loaded.fetch_add(bytes, Relaxed);
-    s.load_call(t0.elapsed());
+    s.load_call(t0.elapsed(), bytes);
     rs.mark_present(loaded);
     finish_load(&shared, ticket, results, LoadError::Missing);
 }
@@ -757,9 +757,7 @@ async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&
                 b.charge(now, ok_value);
             }
             let s = &stats.redis;
-            s.blocks_saved.fetch_add(ok, Relaxed);
-            s.bytes_saved.fetch_add(ok_payload, Relaxed);
-            add_ns(&s.save_ns, t0.elapsed());
+            s.save_call(t0.elapsed(), ok, ok_payload);
             if ok < m {
                 stats.save_failures.fetch_add(m - ok, Relaxed);
                 r.shared.log.warn(

@@ -15,7 +15,8 @@
 //! The engine holds a [`TierClient`]: [`TierClient::lookup`] at a request's first admission,
 //! [`TierClient::start_load`] + [`TierClient::poll`] to fill the blocks it allocated for the hit,
 //! [`TierClient::save`] for evicted (host) and newly computed (Redis) blocks, and
-//! [`TierClient::stats`] for metrics.
+//! [`TierClient::stats`] for metrics. [`EngineTier`] adapts it to the engine's
+//! `cachet_engine::tier::KvTier`.
 //!
 //! **Faults.** Redis down at start, killed, slow, returning refused values, a cluster node
 //! failing over: the client keeps answering (lookups without Redis, loads with per-block
@@ -30,6 +31,7 @@
 //! Saves over the budget are skipped and counted.
 
 pub mod config;
+pub mod engine;
 pub mod format;
 pub mod host;
 pub mod stats;
@@ -40,9 +42,10 @@ mod redis_conn;
 
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
+pub use engine::EngineTier;
 pub use config::{HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec};
 pub use format::{CorruptKind, LoadError, TierNamespace};
-pub use stats::{LatencyHistogram, LoadFailures, TierIoStats, TierStats};
+pub use stats::{Histogram, LatencyHistogram, LoadFailures, TierIoStats, TierStats};
 
 /// One block's KV as the executor serializes it (opaque bytes; the layout is named by
 /// [`TierNamespace::kv_layout`]). Cloning shares the bytes.

@@ -17,18 +17,44 @@ pub const LOAD_LATENCY_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 ];
 
-/// A histogram's totals: `counts[i]` observations `<= LOAD_LATENCY_BUCKETS[i]` and above the
-/// previous bound (not cumulative); the last entry counts those above every bound.
+/// vLLM's `TRANSFER_SIZE_BUCKETS` (bytes) of `vllm:kv_offload_load_size` / `_store_size`.
+pub const TRANSFER_SIZE_BUCKETS: &[f64] = &[
+    1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6,
+];
+
+/// vLLM's buckets (seconds) of `vllm:kv_offload_lookup_sync_delay_seconds`.
+pub const LOOKUP_DELAY_BUCKETS: &[f64] = &[
+    0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+];
+
+/// A histogram's totals: `counts[i]` observations `<= bounds[i]` and above the previous bound
+/// (not cumulative); the last entry counts those above every bound. `sum` is in the observed
+/// unit (seconds or bytes).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct LatencyHistogram {
+pub struct Histogram {
+    pub bounds: &'static [f64],
     pub counts: Vec<u64>,
-    pub sum_seconds: f64,
+    pub sum: f64,
     pub count: u64,
 }
 
-impl LatencyHistogram {
+/// The load-latency histogram's snapshot (seconds).
+pub type LatencyHistogram = Histogram;
+
+impl Histogram {
     pub fn bounds(&self) -> &'static [f64] {
-        LOAD_LATENCY_BUCKETS
+        self.bounds
+    }
+
+    /// `(upper bound, count)` pairs, not cumulative, the last one `+Inf` (what an exposition
+    /// encoder takes).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        self.bounds
+            .iter()
+            .copied()
+            .chain(std::iter::once(f64::INFINITY))
+            .zip(self.counts.iter().copied())
+            .collect()
     }
 }
 
@@ -51,6 +77,11 @@ pub struct TierIoStats {
     pub save_seconds: f64,
     /// Latency of each load call to this tier (one per ticket that used the tier).
     pub load_latency: LatencyHistogram,
+    /// Payload bytes of each load call that loaded something from this tier
+    /// ([`TRANSFER_SIZE_BUCKETS`]).
+    pub load_size: Histogram,
+    /// Payload bytes of each save call (host: one block; Redis: one written batch).
+    pub save_size: Histogram,
 }
 
 /// Failed blocks of loads, by cause (one count per block).
@@ -103,6 +134,9 @@ pub struct TierStats {
     /// Lookups that skipped Redis because it was known to be down.
     pub lookup_skips: u64,
     pub load_failures: LoadFailures,
+    /// Time of each [`crate::TierClient::lookup`] call, the caller's wait
+    /// ([`LOOKUP_DELAY_BUCKETS`]).
+    pub lookup_delay: Histogram,
     /// Times the Redis tier went down (a call failed while it was up).
     pub redis_outages: u64,
     /// Gauges.
@@ -124,35 +158,66 @@ impl TierStats {
     }
 }
 
-#[derive(Default)]
+/// A histogram of atomics over fixed bounds. Values are kept as integers in `1/scale` units
+/// (nanoseconds for durations, bytes for sizes) so the sum is exact and lock-free.
 pub(crate) struct Histo {
-    buckets: [AtomicU64; 15],
-    sum_ns: AtomicU64,
+    bounds: &'static [f64],
+    scale: f64,
+    buckets: Box<[AtomicU64]>,
+    sum: AtomicU64,
     count: AtomicU64,
 }
 
 impl Histo {
-    pub(crate) fn observe(&self, d: Duration) {
-        let s = d.as_secs_f64();
-        let i = LOAD_LATENCY_BUCKETS
+    pub(crate) fn new(bounds: &'static [f64], scale: f64) -> Self {
+        Histo {
+            bounds,
+            scale,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn seconds(bounds: &'static [f64]) -> Self {
+        Histo::new(bounds, 1e-9)
+    }
+
+    fn bytes() -> Self {
+        Histo::new(TRANSFER_SIZE_BUCKETS, 1.0)
+    }
+
+    /// One observation of `raw` units (`raw * scale` in the bounds' unit).
+    fn observe_raw(&self, raw: u64) {
+        let v = raw as f64 * self.scale;
+        let i = self
+            .bounds
             .iter()
-            .position(|b| s <= *b)
-            .unwrap_or(LOAD_LATENCY_BUCKETS.len());
+            .position(|b| v <= *b)
+            .unwrap_or(self.bounds.len());
         self.buckets[i].fetch_add(1, Relaxed);
-        self.sum_ns.fetch_add(d.as_nanos() as u64, Relaxed);
+        self.sum.fetch_add(raw, Relaxed);
         self.count.fetch_add(1, Relaxed);
     }
 
-    fn snapshot(&self) -> LatencyHistogram {
-        LatencyHistogram {
+    pub(crate) fn observe(&self, d: Duration) {
+        self.observe_raw(d.as_nanos() as u64);
+    }
+
+    pub(crate) fn observe_bytes(&self, n: u64) {
+        self.observe_raw(n);
+    }
+
+    fn snapshot(&self) -> Histogram {
+        Histogram {
+            bounds: self.bounds,
             counts: self.buckets.iter().map(|b| b.load(Relaxed)).collect(),
-            sum_seconds: self.sum_ns.load(Relaxed) as f64 * 1e-9,
+            sum: self.sum.load(Relaxed) as f64 * self.scale,
             count: self.count.load(Relaxed),
         }
     }
 }
 
-#[derive(Default)]
 pub(crate) struct TierCounters {
     pub lookups: AtomicU64,
     pub lookup_blocks: AtomicU64,
@@ -163,6 +228,26 @@ pub(crate) struct TierCounters {
     pub bytes_saved: AtomicU64,
     pub save_ns: AtomicU64,
     pub latency: Histo,
+    pub load_size: Histo,
+    pub save_size: Histo,
+}
+
+impl Default for TierCounters {
+    fn default() -> Self {
+        TierCounters {
+            lookups: AtomicU64::new(0),
+            lookup_blocks: AtomicU64::new(0),
+            blocks_loaded: AtomicU64::new(0),
+            bytes_loaded: AtomicU64::new(0),
+            load_ns: AtomicU64::new(0),
+            blocks_saved: AtomicU64::new(0),
+            bytes_saved: AtomicU64::new(0),
+            save_ns: AtomicU64::new(0),
+            latency: Histo::seconds(LOAD_LATENCY_BUCKETS),
+            load_size: Histo::bytes(),
+            save_size: Histo::bytes(),
+        }
+    }
 }
 
 impl TierCounters {
@@ -177,16 +262,31 @@ impl TierCounters {
             bytes_saved: self.bytes_saved.load(Relaxed),
             save_seconds: self.save_ns.load(Relaxed) as f64 * 1e-9,
             load_latency: self.latency.snapshot(),
+            load_size: self.load_size.snapshot(),
+            save_size: self.save_size.snapshot(),
         }
     }
 
-    pub(crate) fn load_call(&self, d: Duration) {
+    /// One load call that took `d` and brought `bytes` of payload from this tier.
+    pub(crate) fn load_call(&self, d: Duration, bytes: u64) {
         self.load_ns.fetch_add(d.as_nanos() as u64, Relaxed);
         self.latency.observe(d);
+        if bytes > 0 {
+            self.load_size.observe_bytes(bytes);
+        }
+    }
+
+    /// One save call that took `d` and stored `blocks` blocks of `bytes` payload bytes.
+    pub(crate) fn save_call(&self, d: Duration, blocks: u64, bytes: u64) {
+        self.blocks_saved.fetch_add(blocks, Relaxed);
+        self.bytes_saved.fetch_add(bytes, Relaxed);
+        add_ns(&self.save_ns, d);
+        if blocks > 0 {
+            self.save_size.observe_bytes(bytes);
+        }
     }
 }
 
-#[derive(Default)]
 pub(crate) struct Counters {
     pub host: TierCounters,
     pub redis: TierCounters,
@@ -204,7 +304,30 @@ pub(crate) struct Counters {
     /// (what [`crate::TierClient::flush`] waits for).
     pub saves_enqueued: AtomicU64,
     pub saves_settled: AtomicU64,
+    pub lookup_delay: Histo,
     failures: [AtomicU64; 8],
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            host: TierCounters::default(),
+            redis: TierCounters::default(),
+            save_queue_drops: AtomicU64::new(0),
+            save_budget_drops: AtomicU64::new(0),
+            save_failures: AtomicU64::new(0),
+            save_dedup_skips: AtomicU64::new(0),
+            host_too_large: AtomicU64::new(0),
+            lookup_failures: AtomicU64::new(0),
+            lookup_timeouts: AtomicU64::new(0),
+            lookup_skips: AtomicU64::new(0),
+            redis_outages: AtomicU64::new(0),
+            saves_enqueued: AtomicU64::new(0),
+            saves_settled: AtomicU64::new(0),
+            lookup_delay: Histo::seconds(LOOKUP_DELAY_BUCKETS),
+            failures: Default::default(),
+        }
+    }
 }
 
 impl Counters {
@@ -246,6 +369,7 @@ impl Counters {
                 foreign_layout: f(6),
                 unsupported_version: f(7),
             },
+            lookup_delay: self.lookup_delay.snapshot(),
             redis_outages: self.redis_outages.load(Relaxed),
             host_resident_bytes: 0,
             host_resident_blocks: 0,
@@ -269,7 +393,7 @@ mod tests {
 
     #[test]
     fn histogram_buckets_are_upper_inclusive() {
-        let h = Histo::default();
+        let h = Histo::seconds(LOAD_LATENCY_BUCKETS);
         h.observe(Duration::from_micros(100)); // == first bound
         h.observe(Duration::from_micros(101)); // second bucket
         h.observe(Duration::from_millis(30)); // (0.025, 0.05]
@@ -283,6 +407,20 @@ mod tests {
         expect[14] = 1;
         assert_eq!(s.counts, expect);
         assert_eq!(s.count, 4);
-        assert!((s.sum_seconds - 3.030201).abs() < 1e-9);
+        assert!((s.sum - 3.030201).abs() < 1e-9);
+        assert_eq!(s.buckets()[14], (f64::INFINITY, 1));
+        assert_eq!(s.buckets()[8], (0.05, 1));
+    }
+
+    #[test]
+    fn size_histogram_counts_bytes_exactly() {
+        let h = Histo::bytes();
+        h.observe_bytes(1_000_000); // == first bound
+        h.observe_bytes(45_711_360); // 124 blocks of 368,640 B: (40e6, 60e6]
+        h.observe_bytes(300_000_000); // +Inf
+        let s = h.snapshot();
+        assert_eq!(s.counts, vec![1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]);
+        assert_eq!(s.sum, 346_711_360.0);
+        assert_eq!(s.count, 3);
     }
 }

@@ -1,0 +1,162 @@
+//! [`EngineTier`]: a [`TierClient`] as the engine's [`KvTier`] (`cachet-engine/src/tier.rs`).
+//!
+//! The mapping: `lookup` → [`KvLookup`] (the length of the leading run the tiers hold);
+//! `start_load(LoadTicket { slot, handle }, ..)` → [`TierClient::start_load`] with the handle as
+//! the ticket and the slot kept beside it until the load comes back; [`TierKind`] →
+//! [`TierTag`]; [`crate::LoadError`] → [`LoadFailure`] (its message);
+//! [`SaveReason::Evicted`] → [`SaveTarget::Host`] (a block leaving the local pool goes to the
+//! host LRU) and [`SaveReason::Filled`] → [`SaveTarget::Redis`] (a new cache entry is published
+//! to the instances sharing the Redis); [`KvTier::saves_on`] asks only for the saves a
+//! configured tier takes.
+
+use std::collections::HashMap;
+
+use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::BlockHash;
+use cachet_engine::tier::{self, KvTier, LoadFailure, LoadTicket, SaveOn, SaveReason};
+
+use crate::{Payload, SaveTarget, TierClient, TierKind};
+
+/// The engine's view of a [`TierClient`]. Owned by the engine's core thread; the client it
+/// wraps is a clone of the one the binary keeps for metrics and shutdown.
+pub struct EngineTier {
+    client: TierClient,
+    /// Loads in flight: handle (the client's ticket) → slot.
+    slots: HashMap<u64, u32>,
+}
+
+impl EngineTier {
+    pub fn new(client: TierClient) -> Self {
+        EngineTier {
+            client,
+            slots: HashMap::new(),
+        }
+    }
+
+    pub fn client(&self) -> &TierClient {
+        &self.client
+    }
+}
+
+/// Which engine tag a tier kind becomes.
+pub fn tag(kind: TierKind) -> TierTag {
+    match kind {
+        TierKind::Host => TierTag::Host,
+        TierKind::Redis => TierTag::Redis,
+    }
+}
+
+/// Where a save of this reason goes.
+pub fn target(reason: SaveReason) -> SaveTarget {
+    match reason {
+        SaveReason::Evicted => SaveTarget::Host,
+        SaveReason::Filled => SaveTarget::Redis,
+    }
+}
+
+impl KvLookup for EngineTier {
+    fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
+        self.client.lookup(hashes).len()
+    }
+}
+
+impl KvTier for EngineTier {
+    fn start_load(&mut self, ticket: LoadTicket, hashes: Vec<BlockHash>) {
+        self.slots.insert(ticket.handle, ticket.slot);
+        self.client.start_load(ticket.handle, hashes);
+    }
+
+    fn poll_loads(&mut self) -> Vec<tier::LoadDone> {
+        self.client
+            .poll()
+            .into_iter()
+            .filter_map(|done| {
+                let slot = self.slots.remove(&done.ticket)?;
+                Some(tier::LoadDone {
+                    ticket: LoadTicket {
+                        slot,
+                        handle: done.ticket,
+                    },
+                    blocks: done
+                        .results
+                        .into_iter()
+                        .map(|r| {
+                            r.map(|(p, k)| (p, tag(k)))
+                                .map_err(|e| LoadFailure(e.to_string()))
+                        })
+                        .collect(),
+                })
+            })
+            .collect()
+    }
+
+    fn save(&mut self, hash: BlockHash, payload: Payload, reason: SaveReason) {
+        // A full queue or an oversized block is counted by the client; the engine never waits.
+        let _ = self.client.save(hash, payload, target(reason));
+    }
+
+    fn saves_on(&self) -> SaveOn {
+        SaveOn {
+            evicted: self.client.has(TierKind::Host),
+            filled: self.client.has(TierKind::Redis),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::HostConfig;
+    use crate::{TierConfig, TierNamespace};
+
+    fn h(i: u8) -> BlockHash {
+        BlockHash([i; 32])
+    }
+
+    fn host_tier() -> EngineTier {
+        EngineTier::new(
+            TierClient::open(TierConfig {
+                namespace: TierNamespace {
+                    model_fingerprint: [7; 32],
+                    kv_layout: "sim:u64".into(),
+                    block_size: 16,
+                },
+                host: Some(HostConfig {
+                    capacity_bytes: 1 << 20,
+                }),
+                redis: None,
+            })
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn host_only_takes_evictions_and_answers_loads_with_the_slot() {
+        let mut t = host_tier();
+        assert_eq!(
+            t.saves_on(),
+            SaveOn {
+                evicted: true,
+                filled: false
+            }
+        );
+        t.save(h(1), Payload::from(vec![1u8; 128]), SaveReason::Evicted);
+        t.save(h(2), Payload::from(vec![2u8; 128]), SaveReason::Evicted);
+        // Filled goes to Redis, which is not configured: nothing stored.
+        t.save(h(3), Payload::from(vec![3u8; 128]), SaveReason::Filled);
+        assert_eq!(t.lookup(&[h(1), h(2), h(3)]), 2);
+        assert_eq!(t.client().stats().host.blocks_saved, 2);
+
+        t.start_load(LoadTicket { slot: 5, handle: 77 }, vec![h(2), h(3)]);
+        let done = t.poll_loads();
+        assert_eq!(done.len(), 1);
+        assert_eq!(done[0].ticket, LoadTicket { slot: 5, handle: 77 });
+        let (p, tag) = done[0].blocks[0].as_ref().unwrap();
+        assert_eq!((p.len(), p[0], *tag), (128, 2, TierTag::Host));
+        assert_eq!(
+            done[0].blocks[1],
+            Err(LoadFailure("block not in any tier".into()))
+        );
+        assert!(t.poll_loads().is_empty());
+    }
+}
