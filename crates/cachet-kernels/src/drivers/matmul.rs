@@ -311,11 +311,18 @@ pub(crate) fn matmul_packed(
     let yp = SendPtr(y.as_mut_ptr());
     let run = |task: usize| {
         let (pairs, tiles) = grid.ranges(task);
-        for pair in pairs {
+        for pair in pairs.clone() {
             let g0 = pair * 2;
             let ng = (p.n_groups - g0).min(2);
             let r0 = g0 * GROUP;
             let nvalid = (rows - r0).min(ng * GROUP);
+            // The first tile of a pair reads its weights from DRAM; it prefetches the next
+            // pair's meanwhile (the later tiles find theirs in cache).
+            let next = if pair + 1 < pairs.end {
+                2 * p.group_bytes()
+            } else {
+                0
+            };
             for tile in tiles.clone() {
                 let i0 = tile * MR;
                 let mr = (m - i0).min(MR);
@@ -330,6 +337,7 @@ pub(crate) fn matmul_packed(
                     ystride: rows,
                     r0,
                     nvalid,
+                    prefetch: if tile == tiles.start { next } else { 0 },
                 };
                 micro::run_tile(isa, &job);
             }

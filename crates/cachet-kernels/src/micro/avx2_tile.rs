@@ -96,6 +96,9 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
             let mut accf = [_mm256_setzero_ps(); MR];
             for b in 0..p.nb {
                 let base = w0.add(g * gb + b * F::STRIDE);
+                if job.prefetch != 0 && h == 0 {
+                    super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
+                }
                 macro_rules! wv {
                     ($s:expr) => {
                         _mm256_loadu_si256(base.add(64 * $s + 32 * h) as *const __m256i)

@@ -144,6 +144,12 @@ pub(crate) unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &Ti
     let mut accf = [[_mm512_setzero_ps(); NG]; MR];
     for b in 0..p.nb {
         let mut acci = [[_mm512_setzero_si512(); NG]; MR];
+        if job.prefetch != 0 {
+            for g in 0..NG {
+                let base = w0.add(g * gb + b * F::STRIDE);
+                super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
+            }
+        }
         for g in 0..NG {
             let base = w0.add(g * gb + b * F::STRIDE);
             if F::NIB {

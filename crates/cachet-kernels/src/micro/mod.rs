@@ -66,6 +66,23 @@ pub(crate) struct TileJob<'a> {
     pub(crate) ystride: usize,
     pub(crate) r0: usize,
     pub(crate) nvalid: usize,
+    /// Byte distance from this job's weights to the next weights its task will read (`0`:
+    /// none): the kernel prefetches them block by block while it computes, so that the
+    /// first tile of the next groups does not wait for DRAM.
+    pub(crate) prefetch: usize,
+}
+
+/// Prefetch, into L1, the `bytes` bytes at `p` (one hint per cache line).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_lines(p: *const u8, bytes: usize) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: a prefetch never faults, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+        off += 64;
+    }
 }
 
 /// Run one tile on the best kernel for `isa`.
