@@ -1,4 +1,6 @@
 //! Quick timing of single matmul shapes: `cargo run --release -p cachet-kernels --example perf`.
+//! `MODEL=1,16,512`: the default model's matmul set; `ATTN=512,1000`: decode attention of one
+//! layer; `PREFILL_ATTN=512`; `ATTN_BATCH=16x144`: batched decode attention over 30 layers.
 use std::time::Instant;
 
 use cachet_kernels::{QMatrix, ThreadPool, WeightType};
@@ -184,7 +186,68 @@ fn attention_prefill(n: usize) {
     );
 }
 
+/// Batched decode attention as the executor runs it: `seqs` sequences at a `ctx`-position
+/// context, 30 layers with their own f16 KV (53 MB at 16 × 144, more than the L3 cache), one
+/// thread; process CPU time per step.
+fn attention_batch(seqs: usize, ctx: usize) {
+    use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+    let (nh, nkv, hd, bs, layers) = (9usize, 3usize, 64usize, 16usize, 30usize);
+    let per_seq = ctx.div_ceil(bs);
+    let n = seqs * per_seq * bs * nkv * hd;
+    let kv: Vec<(Vec<f16>, Vec<f16>)> = (0..layers)
+        .map(|l| {
+            let v = |s: usize| -> Vec<f16> {
+                (0..n)
+                    .map(|i| {
+                        f16::from_f32((((i + s) * 2654435761usize) >> 20) as f32 / 4096.0 - 0.5)
+                    })
+                    .collect()
+            };
+            (v(l), v(l + 99))
+        })
+        .collect();
+    // Interleaved tables, as a pool shared by many requests hands them out.
+    let tables: Vec<Vec<u32>> = (0..seqs)
+        .map(|s| (0..per_seq).map(|j| (j * seqs + s) as u32).collect())
+        .collect();
+    let q: Vec<f32> = (0..nh * hd).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
+    let mut out = vec![0f32; nh * hd];
+    let step = |out: &mut [f32]| {
+        for (k, v) in &kv {
+            for t in &tables {
+                let args = PagedAttnArgs {
+                    block_table: t,
+                    block_size: bs,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    start_pos: ctx - 1,
+                    n_tokens: 1,
+                    scale: 0.125,
+                };
+                paged_attention(&args, &q, k, v, out);
+            }
+        }
+    };
+    step(&mut out);
+    let iters = 20;
+    let c0 = cpu_time();
+    for _ in 0..iters {
+        step(&mut out);
+    }
+    let cpu = (cpu_time() - c0) / iters as f64;
+    println!(
+        "batched decode attention {seqs} x {ctx} x {layers} layers (f16 KV): {:.2} ms cpu per step",
+        cpu * 1e3
+    );
+}
+
 fn main() {
+    if let Ok(v) = std::env::var("ATTN_BATCH") {
+        let mut it = v.split('x').filter_map(|x| x.parse().ok());
+        attention_batch(it.next().unwrap_or(16), it.next().unwrap_or(144));
+        return;
+    }
     if let Ok(n) = std::env::var("PREFILL_ATTN") {
         attention_prefill(n.parse().unwrap_or(512));
         return;

@@ -328,6 +328,7 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
         c.offsets(c0, &mut kp[..n]);
+        c.prefetch(c0 + n, CHUNK, pv * 16 * if c.is_f16 { 2 } else { 4 });
         for j in 0..CHUNK {
             let jj = if j < n { j } else { 0 };
             if c.is_f16 {

@@ -402,6 +402,35 @@ impl AttnCtx<'_> {
             }
         }
     }
+
+    /// Prefetch the K and V bytes this pass reads (`span` bytes per position) of positions
+    /// `c0..c0 + n` (capped at the context end): the next chunk, fetched from DRAM while the
+    /// current one is computed. Measured (`examples/perf`, one thread): batched decode over
+    /// 53 MB of KV 5-9 % faster; a 768 KB context already in cache about 10 % slower. Serving
+    /// reads KV from DRAM (a step's weights alone are three times the L3 cache).
+    #[inline]
+    pub(crate) fn prefetch(&self, c0: usize, n: usize, span: usize) {
+        let end = (c0 + n).min(self.ctx);
+        let mut p = c0;
+        while p < end {
+            let (blk, slot) = (p / self.bs, p % self.bs);
+            let run = (self.bs - slot).min(end - p);
+            let off = (self.table[blk] as usize * self.bs + slot) * self.row_bytes + self.goff;
+            if span == self.row_bytes {
+                // The rows of one block are contiguous: one range per block.
+                let bytes = run * self.row_bytes;
+                prefetch_lines(self.kb.wrapping_add(off), bytes);
+                prefetch_lines(self.vb.wrapping_add(off), bytes);
+            } else {
+                for j in 0..run {
+                    let o = off + j * self.row_bytes;
+                    prefetch_lines(self.kb.wrapping_add(o), span);
+                    prefetch_lines(self.vb.wrapping_add(o), span);
+                }
+            }
+            p += run;
+        }
+    }
 }
 
 #[cfg(test)]
