@@ -18,7 +18,7 @@ pub fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 
 /// RMS norm: `out[i] = x[i] / sqrt(mean(x²) + eps) * w[i]` for `i < x.len()`, computed as
 /// `r = 1 / sqrt(Σx² / n + eps)`, `out[i] = x[i] * r * w[i]`. `Σx²` is summed in one fixed
-/// order (8 lanes of FMAs), so the result is bit-identical on every ISA level.
+/// order (four 8-lane FMA chains), so the result is bit-identical on every ISA level.
 ///
 /// Panics if `w` or `out` is shorter than `x`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {

@@ -136,20 +136,27 @@ pub(crate) unsafe fn swiglu_avx2(g: *const f32, u: *const f32, o: *mut f32, n: u
 
 // ------------------------------------------------------------------ RMS norm pieces
 
-/// `Σ x²` over `n` values: 8 lanes of FMAs, lanes summed as
-/// `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, then the tail in order (the scalar version's
-/// order exactly).
+/// `Σ x²` over `n` values in the scalar version's order exactly (see
+/// `super::scalar::sum_squares`): four independent FMA chains over blocks of 32, so the
+/// latency of one chain does not bound the loop.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn sum_squares_avx2(x: *const f32, n: usize) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+    let mut acc = [_mm256_setzero_ps(); 4];
     let mut i = 0;
-    // Two chains over alternate vectors would change the order; the norm is memory-bound.
+    while i + 32 <= n {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let v = _mm256_loadu_ps(x.add(i + 8 * k));
+            *a = _mm256_fmadd_ps(v, v, *a);
+        }
+        i += 32;
+    }
     while i + 8 <= n {
         let v = _mm256_loadu_ps(x.add(i));
-        acc = _mm256_fmadd_ps(v, v, acc);
+        acc[0] = _mm256_fmadd_ps(v, v, acc[0]);
         i += 8;
     }
-    let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let t = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let h = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
     let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     let mut s = _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
     while i < n {

@@ -53,20 +53,34 @@ pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
-/// `Σ x²` in the lane order of the SIMD version ([`super::sum_squares`]): 8 lanes of fused
-/// multiply-adds, the lanes summed pairwise as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, then
-/// the tail in order. Bit-identical to it on every level.
+/// `Σ x²` in the order of the SIMD version ([`super::sum_squares`]), so the two are
+/// bit-identical: four 8-lane accumulators of fused multiply-adds over blocks of 32 values,
+/// then blocks of 8 into the first, the accumulators added as `(a0 + a1) + (a2 + a3)`, the
+/// 8 lanes as `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`, then the tail in order.
 pub(crate) fn sum_squares(x: &[f32]) -> f32 {
-    let mut acc = [0f32; 8];
-    let chunks = x.chunks_exact(8);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
+    let mut acc = [[0f32; 8]; 4];
+    let mut i = 0;
+    while i + 32 <= x.len() {
+        for (k, a) in acc.iter_mut().enumerate() {
+            for (l, a) in a.iter_mut().enumerate() {
+                let v = x[i + 8 * k + l];
+                *a = v.mul_add(v, *a);
+            }
+        }
+        i += 32;
+    }
+    while i + 8 <= x.len() {
+        for (l, a) in acc[0].iter_mut().enumerate() {
+            let v = x[i + l];
             *a = v.mul_add(v, *a);
         }
+        i += 8;
     }
-    let mut s = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-    for &v in tail {
+    let t: Vec<f32> = (0..8)
+        .map(|l| (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]))
+        .collect();
+    let mut s = ((t[0] + t[4]) + (t[2] + t[6])) + ((t[1] + t[5]) + (t[3] + t[7]));
+    for &v in &x[i..] {
         s = v.mul_add(v, s);
     }
     s
