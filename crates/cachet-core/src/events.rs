@@ -64,6 +64,9 @@ pub enum CacheEvent {
         block_size: u32,
         /// Adapter name mixed into the hashes, if any.
         lora_name: Option<String>,
+        /// The request's `cache_salt`, mixed into its first block's hash (a router must key by
+        /// it too, or it would predict hits across tenants that the engine never serves).
+        cache_salt: Option<String>,
         medium: Medium,
         /// Who caused it (`None` when no request did, e.g. a tier's own bookkeeping).
         cause: Option<EventCause>,

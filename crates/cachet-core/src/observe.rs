@@ -43,6 +43,7 @@ pub enum Effect<'a> {
         max_tokens: u32,
         arrival: f64,
         cache_salt: Option<&'a str>,
+        adapter: Option<&'a str>,
         /// Set for a session turn: how the session table served it.
         session: Option<&'a SessionInfo>,
     },

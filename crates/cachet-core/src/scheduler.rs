@@ -382,6 +382,7 @@ impl<O: Observer> Scheduler<O> {
             max_tokens: r.sampling.max_tokens,
             arrival,
             cache_salt: r.kv.extra.cache_salt.as_deref(),
+            adapter: r.kv.extra.adapter.as_deref(),
             session: r.session.as_deref(),
         });
         self.slots[slot as usize] = Some(r);

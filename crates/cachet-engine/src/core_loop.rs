@@ -3,8 +3,11 @@
 //! shared by the threaded engine and the offline API.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::events::EventBatch;
 use cachet_core::exec::{BlockLoad, Executor};
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
@@ -15,13 +18,27 @@ use cachet_core::{
 use crate::tier::{KvTier, LoadTicket, Payload, SaveReason};
 use crate::{StatLogger, StepStats};
 
+/// Receives the KV cache events of each step (what entered and left the local cache), off the
+/// critical path: implementations queue and return.
+pub trait EventSink: Send {
+    fn publish(&mut self, batch: Arc<EventBatch>);
+}
+
+impl<F: FnMut(Arc<EventBatch>) + Send> EventSink for F {
+    fn publish(&mut self, batch: Arc<EventBatch>) {
+        self(batch)
+    }
+}
+
 /// How an [`EngineCore`] is put together.
 pub struct CoreOptions {
-    /// Reporting on or off. Off: no recorder, every number stays zero; decisions are
-    /// identical.
+    /// Reporting on or off. Off: no recorder, every number stays zero (and no event is
+    /// published); decisions are identical.
     pub telemetry: bool,
     pub loggers: Vec<Box<dyn StatLogger>>,
     pub tier: Option<Box<dyn KvTier>>,
+    /// Where KV cache events go (ZMQ publisher, SSE log); none: events are not collected.
+    pub event_sinks: Vec<Box<dyn EventSink>>,
 }
 
 impl Default for CoreOptions {
@@ -30,6 +47,7 @@ impl Default for CoreOptions {
             telemetry: true,
             loggers: Vec::new(),
             tier: None,
+            event_sinks: Vec::new(),
         }
     }
 }
@@ -40,6 +58,7 @@ pub struct EngineCore<E: Executor> {
     tier: Option<Box<dyn KvTier>>,
     deltas: DeltaTracker,
     loggers: Vec<Box<dyn StatLogger>>,
+    event_sinks: Vec<Box<dyn EventSink>>,
     /// Loads in flight: handle → the blocks they fill, in order.
     inflight: HashMap<u64, Vec<BlockId>>,
     /// Resolved loads to write in the next executed batch: (slot, block, bytes).
@@ -62,13 +81,22 @@ impl<E: Executor> EngineCore<E> {
             cfg.report_evictions |= on.evicted;
             cfg.report_new_entries |= on.filled;
         }
-        let recorder = opts.telemetry.then(|| Recorder::new(cfg.block_size));
+        let events = !opts.event_sinks.is_empty();
+        let recorder = opts.telemetry.then(|| {
+            let r = Recorder::new(cfg.block_size);
+            if events {
+                r.with_events()
+            } else {
+                r
+            }
+        });
         EngineCore {
             scheduler: Scheduler::new(cfg, seed, recorder),
             executor,
             tier: opts.tier,
             deltas: DeltaTracker::default(),
             loggers: opts.loggers,
+            event_sinks: opts.event_sinks,
             inflight: HashMap::new(),
             ready_loads: Vec::new(),
             schedule_log: None,
@@ -280,6 +308,18 @@ impl<E: Executor> EngineCore<E> {
         let Some(rec) = self.scheduler.observer_mut().as_mut() else {
             return;
         };
+        if !self.event_sinks.is_empty() {
+            let events = rec.take_events();
+            if !events.is_empty() {
+                let ts = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0.0, |d| d.as_secs_f64());
+                let batch = Arc::new(EventBatch { ts, events });
+                for sink in &mut self.event_sinks {
+                    sink.publish(Arc::clone(&batch));
+                }
+            }
+        }
         let deltas = self.deltas.advance(&rec.totals());
         let samples = rec.take_latency_samples();
         let finished: Vec<FinishedRequestStats> = rec.take_finished();

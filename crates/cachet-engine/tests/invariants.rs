@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use cachet_core::events::CacheEvent;
 use cachet_core::scheduler::SchedulerOutput;
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig, SchedulingPolicy};
 use cachet_engine::core_loop::{CoreOptions, EngineCore};
@@ -82,10 +83,37 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig, telemetry: bool) -> RunResult
         block_size: cfg.block_size,
         ..Default::default()
     });
+    // KV cache events, replayed into an index as they come: after every step the index must
+    // equal the pool's cache map exactly (hash → block is the pool's; the index keeps hashes).
+    let index: Arc<Mutex<std::collections::HashSet<cachet_core::BlockHash>>> = Default::default();
+    let idx = Arc::clone(&index);
+    let sink = move |batch: Arc<cachet_core::events::EventBatch>| {
+        let mut set = idx.lock().unwrap();
+        for ev in &batch.events {
+            match ev {
+                CacheEvent::Stored { hashes, .. } => {
+                    for h in hashes {
+                        assert!(set.insert(*h), "stored twice without a removal: {h:?}");
+                    }
+                }
+                CacheEvent::Removed { hashes, .. } => {
+                    for h in hashes {
+                        assert!(set.remove(h), "removed without being stored: {h:?}");
+                    }
+                }
+                CacheEvent::AllCleared { .. } => set.clear(),
+            }
+        }
+    };
     let opts = CoreOptions {
         telemetry,
         loggers: vec![Box::new(collect.clone())],
         tier: None,
+        event_sinks: if telemetry {
+            vec![Box::new(sink)]
+        } else {
+            Vec::new()
+        },
     };
     let limits = cfg.limits();
     let mut core = EngineCore::new(cfg.clone(), sim, opts);
@@ -149,6 +177,20 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig, telemetry: bool) -> RunResult
             }
         }
         core.scheduler().check_invariants().unwrap();
+        if telemetry {
+            let pool: std::collections::HashSet<_> = core
+                .scheduler()
+                .kv_manager()
+                .pool()
+                .cache_entries()
+                .map(|(h, _)| h)
+                .collect();
+            assert_eq!(
+                *index.lock().unwrap(),
+                pool,
+                "replayed events differ from the cache map at step {step}"
+            );
+        }
         step += 1;
         if step > 40 && !core.scheduler().has_unfinished() {
             break;
@@ -159,6 +201,11 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig, telemetry: bool) -> RunResult
     let pool = core.scheduler().kv_manager().pool();
     assert_eq!(pool.num_free(), pool.num_blocks());
     pool.check_invariants().unwrap();
+    // A reset clears the cache and the replayed index alike.
+    assert!(core.reset_prefix_cache());
+    if telemetry {
+        assert!(index.lock().unwrap().is_empty());
+    }
     let steps = collect.0.lock().unwrap().clone();
     RunResult {
         outputs,

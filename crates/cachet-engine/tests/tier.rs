@@ -33,6 +33,7 @@ fn engine(tier: MemoryTier, totals: &TotalsLogger) -> EngineCore<SimExecutor> {
             telemetry: true,
             loggers: vec![Box::new(totals.clone())],
             tier: Some(Box::new(tier) as Box<dyn KvTier>),
+            ..Default::default()
         },
     )
 }
@@ -187,6 +188,7 @@ fn a_failed_load_is_computed_and_the_output_is_unchanged() {
                 inner: shared.share(),
                 victim: None,
             })),
+            ..Default::default()
         },
     );
     let (b_out, b_rep) = run_one(&mut b, 1, prompt);

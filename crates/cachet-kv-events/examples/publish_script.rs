@@ -89,6 +89,7 @@ impl Pool {
                 hashes,
                 block_size: bs as u32,
                 lora_name: None,
+                cache_salt: None,
                 medium,
                 cause,
             });

@@ -113,6 +113,24 @@ impl EventLog {
         }
     }
 
+    /// Subscribes from batch `first` on (the buffered ones first, then live); `complete` is
+    /// false when batches from `first` on have already left the ring.
+    pub fn subscribe_from(&self, first: u64) -> EventSubscription {
+        match first.checked_sub(1) {
+            Some(last) => self.subscribe(Some(last)),
+            None => {
+                let ring = self.lock();
+                let live = self.live.subscribe();
+                let complete = ring.batches.front().is_none_or(|b| b.id == 0);
+                EventSubscription {
+                    backlog: ring.batches.clone(),
+                    complete,
+                    live,
+                }
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Ring> {
         match self.ring.lock() {
             Ok(g) => g,

@@ -117,10 +117,12 @@ fn write_event_map(w: &mut Vec<u8>, event: &CacheEvent) {
             token_ids,
             block_size,
             lora_name,
+            cache_salt,
             medium,
             cause,
         } => {
-            let _ = rmp::encode::write_map_len(w, 12);
+            // `cache_salt` (as vLLM's router-facing field) only when the request had one.
+            let _ = rmp::encode::write_map_len(w, 12 + u32::from(cache_salt.is_some()));
             write_str(w, "type");
             write_str(w, "BlockStored");
             write_str(w, "block_hashes");
@@ -147,6 +149,10 @@ fn write_event_map(w: &mut Vec<u8>, event: &CacheEvent) {
             }
             write_str(w, "group_idx");
             write_uint(w, 0);
+            if let Some(salt) = cache_salt {
+                write_str(w, "cache_salt");
+                write_str(w, salt);
+            }
             write_cause(w, cause.as_ref());
         }
         CacheEvent::Removed {
@@ -190,7 +196,7 @@ fn write_event_array(w: &mut Vec<u8>, event: &CacheEvent) {
             block_size,
             lora_name,
             medium,
-            cause: _,
+            ..
         } => {
             let _ = rmp::encode::write_array_len(w, 8);
             write_str(w, "BlockStored");
@@ -257,6 +263,7 @@ mod tests {
                 token_ids: vec![1, 200],
                 block_size: 2,
                 lora_name: None,
+                cache_salt: None,
                 medium: Medium::Gpu,
                 cause: Some(EventCause {
                     handle: 9,
@@ -319,6 +326,7 @@ mod tests {
                     token_ids: vec![7, 8],
                     block_size: 1,
                     lora_name: Some("ad".into()),
+                    cache_salt: None,
                     medium: Medium::Gpu,
                     cause: None,
                 },

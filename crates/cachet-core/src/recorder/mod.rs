@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::connector::TierTag;
+use crate::events::{CacheEvent, EventCause, Medium};
 use crate::observe::{Effect, Lookup, Observer};
 use crate::stats::{CounterTotals, FinishedRequestStats, PrefillStats, RequestTimes};
 
@@ -89,6 +90,8 @@ struct Record {
     /// Earlier turns of the request's session.
     session_base: SessionTotals,
     external: ExternalSources,
+    cache_salt: Option<String>,
+    adapter: Option<String>,
 }
 
 #[derive(Debug)]
@@ -104,6 +107,8 @@ pub struct Recorder {
     reports: Vec<(u32, Report)>,
     /// Cumulative numbers of parked sessions.
     sessions: HashMap<Arc<str>, SessionTotals>,
+    /// KV cache events since the last `take_events` (`None`: not collected).
+    events: Option<Vec<CacheEvent>>,
 }
 
 impl Recorder {
@@ -117,6 +122,87 @@ impl Recorder {
             finished: Vec::new(),
             reports: Vec::new(),
             sessions: HashMap::new(),
+            events: None,
+        }
+    }
+
+    /// Also collect KV cache events (what entered and left the local cache, and who caused
+    /// it), for publishers.
+    pub fn with_events(mut self) -> Self {
+        self.events = Some(Vec::new());
+        self
+    }
+
+    /// KV cache events since the last call, in the order they happened.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+    }
+
+    fn cause(&self, slot: u32) -> Option<EventCause> {
+        self.record(slot).map(|r| EventCause {
+            handle: r.handle,
+            request_id: r.label.clone(),
+            session_id: r.session_id.clone(),
+        })
+    }
+
+    /// Evictions become `BlockRemoved`, on behalf of the allocating request.
+    fn removed(&mut self, slot: u32, kv: &crate::kv_manager::KvEffects) {
+        if self.events.is_none() || kv.evicted.is_empty() {
+            return;
+        }
+        let cause = self.cause(slot);
+        if let Some(ev) = self.events.as_mut() {
+            ev.push(CacheEvent::Removed {
+                hashes: kv.evicted.iter().map(|e| e.hash).collect(),
+                medium: Medium::Gpu,
+                cause,
+            });
+        }
+    }
+
+    /// New cache entries become `BlockStored`, one event per run of consecutive blocks.
+    fn stored(
+        &mut self,
+        slot: u32,
+        kv: &crate::kv_manager::KvEffects,
+        hashes: &[crate::hash::BlockHash],
+        tokens: &[crate::TokenId],
+    ) {
+        if self.events.is_none() || kv.created.is_empty() {
+            return;
+        }
+        let b = self.block_size;
+        let cause = self.cause(slot);
+        let (salt, lora) = self
+            .record(slot)
+            .map_or((None, None), |r| (r.cache_salt.clone(), r.adapter.clone()));
+        let Some(ev) = self.events.as_mut() else {
+            return;
+        };
+        let mut i = 0;
+        while i < kv.created.len() {
+            let start = kv.created[i] as usize;
+            let mut end = start + 1;
+            while i + 1 < kv.created.len() && kv.created[i + 1] as usize == end {
+                i += 1;
+                end += 1;
+            }
+            i += 1;
+            let (Some(run), Some(toks)) = (hashes.get(start..end), tokens.get(start * b..end * b))
+            else {
+                continue;
+            };
+            ev.push(CacheEvent::Stored {
+                hashes: run.to_vec(),
+                parent: start.checked_sub(1).and_then(|p| hashes.get(p)).copied(),
+                token_ids: toks.to_vec(),
+                block_size: b as u32,
+                lora_name: lora.clone(),
+                cache_salt: salt.clone(),
+                medium: Medium::Gpu,
+                cause: cause.clone(),
+            });
         }
     }
 
@@ -240,7 +326,8 @@ impl Recorder {
                 prompt_len,
                 max_tokens,
                 arrival,
-                cache_salt: _,
+                cache_salt,
+                adapter,
                 session,
             } => {
                 let i = slot as usize;
@@ -280,6 +367,8 @@ impl Recorder {
                     retained: 0,
                     session_base,
                     external: ExternalSources::default(),
+                    cache_salt: cache_salt.map(str::to_string),
+                    adapter: adapter.map(str::to_string),
                 });
             }
             Effect::Admitted {
@@ -322,6 +411,7 @@ impl Recorder {
                     r.stats.blocks_allocated += alloc;
                     r.stats.blocks_evicted += evicted;
                 }
+                self.removed(slot, kv);
             }
             Effect::LoadsResolved {
                 slot,
@@ -356,6 +446,7 @@ impl Recorder {
                         r.stats.blocks_evicted += evicted;
                     }
                 }
+                self.removed(slot, kv);
             }
             Effect::Preempted { slot } => {
                 self.totals.num_preemptions += 1;
@@ -370,10 +461,11 @@ impl Recorder {
                 slot,
                 prefill,
                 kv,
-                hashes: _,
-                tokens: _,
+                hashes,
+                tokens,
             } => {
                 self.totals.blocks_filled += kv.filled as u64;
+                self.stored(slot, kv, hashes, tokens);
                 let Some(r) = self.record_mut(slot) else {
                     return;
                 };
@@ -475,7 +567,13 @@ impl Recorder {
             Effect::SessionReleased { session_id } => {
                 self.sessions.remove(session_id);
             }
-            Effect::CacheReset => {}
+            Effect::CacheReset => {
+                if let Some(ev) = self.events.as_mut() {
+                    ev.push(CacheEvent::AllCleared {
+                        medium: Medium::Gpu,
+                    });
+                }
+            }
         }
     }
 }
