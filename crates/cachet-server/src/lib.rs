@@ -33,6 +33,7 @@ mod misc;
 pub mod openai;
 mod process;
 pub mod sampling;
+pub mod tier_metrics;
 mod usage;
 
 use std::future::Future;

@@ -444,6 +444,19 @@ impl MetricsHandle {
         handle
     }
 
+    /// Registers a collector read at every scrape (the KV tiers':
+    /// [`crate::tier_metrics::TierCollector`]). Only before the handle is first cloned;
+    /// returns whether it was registered.
+    pub fn add_collector(&mut self, c: Box<dyn prometheus_client::collector::Collector>) -> bool {
+        match Arc::get_mut(&mut self.registry) {
+            Some(r) => {
+                r.register_collector(c);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// A stat logger to hand to the engine; it writes into this registry.
     pub fn logger(&self) -> PrometheusLogger {
         PrometheusLogger {
@@ -634,6 +647,7 @@ pub fn markdown_table() -> String {
     for h in HISTOGRAMS {
         out.push_str(&format!("| `{}` | histogram | {} |\n", h.name, h.help));
     }
+    out.push_str(&crate::tier_metrics::markdown_rows());
     out.push_str("| `http_requests_total{method,status,handler}` | counter | HTTP requests by route template (`none` when unmatched) and status class (`2xx`, ...) |\n");
     out.push_str(
         "| `http_request_duration_seconds{method,handler}` | histogram | HTTP latency by route |\n",

@@ -147,10 +147,22 @@ mod tests {
         assert_eq!(t.lookup(&[h(1), h(2), h(3)]), 2);
         assert_eq!(t.client().stats().host.blocks_saved, 2);
 
-        t.start_load(LoadTicket { slot: 5, handle: 77 }, vec![h(2), h(3)]);
+        t.start_load(
+            LoadTicket {
+                slot: 5,
+                handle: 77,
+            },
+            vec![h(2), h(3)],
+        );
         let done = t.poll_loads();
         assert_eq!(done.len(), 1);
-        assert_eq!(done[0].ticket, LoadTicket { slot: 5, handle: 77 });
+        assert_eq!(
+            done[0].ticket,
+            LoadTicket {
+                slot: 5,
+                handle: 77
+            }
+        );
         let (p, tag) = done[0].blocks[0].as_ref().unwrap();
         assert_eq!((p.len(), p[0], *tag), (128, 2, TierTag::Host));
         assert_eq!(

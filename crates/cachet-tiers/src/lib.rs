@@ -42,8 +42,8 @@ mod redis_conn;
 
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
-pub use engine::EngineTier;
 pub use config::{HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec};
+pub use engine::EngineTier;
 pub use format::{CorruptKind, LoadError, TierNamespace};
 pub use stats::{Histogram, LatencyHistogram, LoadFailures, TierIoStats, TierStats};
 

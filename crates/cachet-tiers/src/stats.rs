@@ -18,9 +18,8 @@ pub const LOAD_LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// vLLM's `TRANSFER_SIZE_BUCKETS` (bytes) of `vllm:kv_offload_load_size` / `_store_size`.
-pub const TRANSFER_SIZE_BUCKETS: &[f64] = &[
-    1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6,
-];
+pub const TRANSFER_SIZE_BUCKETS: &[f64] =
+    &[1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6];
 
 /// vLLM's buckets (seconds) of `vllm:kv_offload_lookup_sync_delay_seconds`.
 pub const LOOKUP_DELAY_BUCKETS: &[f64] = &[

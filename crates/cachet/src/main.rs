@@ -33,6 +33,8 @@ enum Cmd {
         engine: EngineArgs,
         #[command(flatten)]
         server: cachet_server::ServerArgs,
+        #[command(flatten)]
+        tiers: cachet_tiers::TierArgs,
     },
     /// Run requests from a JSONL file offline and print outputs with prefill stats.
     Generate {
@@ -54,7 +56,10 @@ enum Cmd {
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            // The `redis` crate logs every reconnect attempt at WARN; the tier logs each state
+            // change once itself, so an outage stays one line.
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,redis=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -79,13 +84,23 @@ fn main() -> anyhow::Result<()> {
             )?;
             Ok(())
         }
-        Cmd::Serve { engine, server } => serve(engine, server),
+        Cmd::Serve {
+            engine,
+            server,
+            tiers,
+        } => serve(engine, server, tiers),
         Cmd::Bench(b) => cachet_bench::run(b.cmd),
     }
 }
 
-fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Result<()> {
+fn serve(
+    engine: EngineArgs,
+    server: cachet_server::ServerArgs,
+    tiers: cachet_tiers::TierArgs,
+) -> anyhow::Result<()> {
     let built = cachet::wiring::build(&engine)?;
+    let tier =
+        cachet::wiring::open_tier(&tiers, &built.executor, built.engine.scheduler.block_size)?;
     let name = server.primary_model_name(&built.model.name);
     let sc = &built.engine.scheduler;
     let cache = cachet_server::CacheConfigInfo {
@@ -93,10 +108,16 @@ fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Resul
         num_gpu_blocks: sc.num_blocks,
         cache_dtype: built.kv_cache_dtype.clone(),
         enable_prefix_caching: sc.enable_prefix_caching,
-        num_cpu_blocks: None,
+        num_cpu_blocks: cachet::wiring::host_tier_blocks(&tiers, &built.executor),
         kv_cache_memory_bytes: built.loaded.as_ref().map_or(0, |_| engine.kv_cache_memory),
     };
-    let metrics = cachet_server::MetricsHandle::new(&name, built.model.max_model_len, cache);
+    let mut metrics = cachet_server::MetricsHandle::new(&name, built.model.max_model_len, cache);
+    if let Some(t) = &tier {
+        let c = cachet_server::tier_metrics::TierCollector::new(&name, t.clone());
+        if !metrics.add_collector(Box::new(c)) {
+            anyhow::bail!("the KV tier metrics could not be registered");
+        }
+    }
     let mut loggers: Vec<Box<dyn cachet_engine::StatLogger>> = vec![Box::new(metrics.logger())];
     if let Ok(interval) = std::time::Duration::try_from_secs_f64(server.log_stats_interval) {
         if !interval.is_zero() {
@@ -109,18 +130,32 @@ fn serve(engine: EngineArgs, server: cachet_server::ServerArgs) -> anyhow::Resul
         built.model,
         cachet_engine::core_loop::CoreOptions {
             loggers,
+            tier: tier.clone().map(|c| {
+                Box::new(cachet_tiers::EngineTier::new(c)) as Box<dyn cachet_engine::tier::KvTier>
+            }),
             ..Default::default()
         },
     )?;
+    if let Some(t) = &tier {
+        // A finished load wakes the core thread (it sleeps while every request waits for KV).
+        t.set_load_notify(handle.waker());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(cachet_server::serve(
+    let served = rt.block_on(cachet_server::serve(
         server,
         handle,
         built.tokenizer,
         metrics,
-    ))?;
+    ));
+    if let Some(t) = &tier {
+        // Let the write-behind queue reach Redis before the process goes.
+        if !t.flush(std::time::Duration::from_secs(2)) {
+            tracing::warn!("KV tier: some saves were still queued at shutdown and are lost");
+        }
+    }
+    served?;
     Ok(())
 }

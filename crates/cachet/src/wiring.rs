@@ -23,6 +23,8 @@ pub enum WiringError {
     Model(#[from] cachet_model::ModelError),
     #[error("invalid engine settings: {0}")]
     Invalid(String),
+    #[error(transparent)]
+    Tier(#[from] cachet_tiers::TierError),
 }
 
 /// An executor of either kind, behind one type.
@@ -216,4 +218,50 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
             })
         }
     }
+}
+
+/// The external KV tiers of `--kv-tier*` for this executor, or `None` without `--kv-tier`.
+///
+/// The namespace is what seeds the block hashes: the executor's model fingerprint, its KV
+/// layout and the block size, so every instance serving the same model with the same layout
+/// finds what another stored, and nothing else does. Redis being unreachable is not an error
+/// (the tier comes up when it answers); a bad flag is.
+pub fn open_tier(
+    args: &cachet_tiers::TierArgs,
+    executor: &AnyExecutor,
+    block_size: usize,
+) -> Result<Option<cachet_tiers::TierClient>, WiringError> {
+    use cachet_core::Executor;
+    let namespace = cachet_tiers::TierNamespace {
+        model_fingerprint: executor.model_fingerprint(),
+        kv_layout: executor.kv_layout(),
+        block_size: u32::try_from(block_size)
+            .map_err(|_| WiringError::Invalid("--block-size is too large".into()))?,
+    };
+    let Some(cfg) = args.to_config(namespace)? else {
+        return Ok(None);
+    };
+    let host = cfg.host.as_ref().map(|h| h.capacity_bytes);
+    let redis = cfg.redis.as_ref().map(|r| r.target.display());
+    let signed = cfg.redis.as_ref().is_some_and(|r| r.secret.is_some());
+    let client = cachet_tiers::TierClient::open(cfg)?;
+    tracing::info!(
+        host_bytes = host.map(|b| b.to_string()).unwrap_or_else(|| "off".into()),
+        redis = redis.as_deref().unwrap_or("off"),
+        redis_up = client.redis_up(),
+        signed,
+        block_bytes = executor.block_bytes(),
+        kv_layout = %client.namespace().kv_layout,
+        "external KV tiers configured"
+    );
+    Ok(Some(client))
+}
+
+/// Host-tier capacity in blocks (`vllm:cache_config_info`'s `num_cpu_blocks`).
+pub fn host_tier_blocks(args: &cachet_tiers::TierArgs, executor: &AnyExecutor) -> Option<usize> {
+    use cachet_core::Executor;
+    let spec = args.kv_tier?;
+    let per_block = executor.block_bytes().max(1) as u64;
+    spec.host
+        .then(|| usize::try_from(args.kv_tier_host_bytes / per_block).unwrap_or(usize::MAX))
 }
