@@ -94,8 +94,9 @@ pub struct MessagesRequest {
     pub top_p: Option<f32>,
     #[serde(default)]
     pub top_k: Option<i64>,
+    /// An object (`{"user_id": ...}`); any other JSON type is a 400.
     #[serde(default)]
-    pub metadata: Option<Value>,
+    pub metadata: Option<serde_json::Map<String, Value>>,
     #[serde(default)]
     pub stream: Option<bool>,
     #[serde(default)]

@@ -4,6 +4,12 @@ use clap::Args;
 
 /// Default request body limit: 16 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Default `--header-read-timeout`, seconds.
+pub const DEFAULT_HEADER_READ_TIMEOUT_S: f64 = 10.0;
+/// Default `--body-read-timeout`, seconds (16 MiB in 60 s is 280 KB/s).
+pub const DEFAULT_BODY_READ_TIMEOUT_S: f64 = 60.0;
+/// Default `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 
 /// The server's own flags. Engine flags (`--max-waiting-requests`, `--block-size`, ...) belong to
 /// the engine's configuration, not here.
@@ -33,6 +39,23 @@ pub struct ServerArgs {
     /// On SIGTERM, seconds to let live requests finish before aborting them.
     #[arg(long, default_value_t = 30.0)]
     pub shutdown_timeout: f64,
+    /// Seconds a client has to send a request's headers, and that an idle keep-alive
+    /// connection stays open; the connection is closed after. 0: no limit.
+    #[arg(long, default_value_t = DEFAULT_HEADER_READ_TIMEOUT_S)]
+    pub header_read_timeout: f64,
+    /// Seconds a client has to send a request body, counted from the end of its headers; 408
+    /// after. 0: no limit.
+    #[arg(long, default_value_t = DEFAULT_BODY_READ_TIMEOUT_S)]
+    pub body_read_timeout: f64,
+    /// Most client connections open at once; further ones wait in the listen backlog until one
+    /// closes. Lowered at startup to fit the process's file descriptor limit.
+    #[arg(long, default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+    /// Web origins (`scheme://host[:port]`, comma-separated or repeated; `*` for any) whose
+    /// pages may call the API from a browser (CORS). None by default: no CORS headers are sent,
+    /// preflights are refused, and a cross-origin POST or DELETE gets 403.
+    #[arg(long, value_delimiter = ',', num_args = 1..)]
+    pub allowed_origins: Vec<String>,
 }
 
 impl Default for ServerArgs {
@@ -46,6 +69,10 @@ impl Default for ServerArgs {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             log_stats_interval: 10.0,
             shutdown_timeout: 30.0,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT_S,
+            body_read_timeout: DEFAULT_BODY_READ_TIMEOUT_S,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            allowed_origins: Vec::new(),
         }
     }
 }

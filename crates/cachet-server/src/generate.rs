@@ -18,7 +18,7 @@ use crate::AppState;
 /// Header carrying the caller's request id (echoed back).
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 /// Longest accepted `X-Request-Id`.
-const MAX_REQUEST_ID_LEN: usize = 256;
+pub const MAX_REQUEST_ID_LEN: usize = 256;
 
 /// Checks a `session_id` the way the engine will (one rule, in the core).
 pub fn check_session_id(id: Option<&str>) -> Result<(), ApiError> {

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body_util::BodyExt;
@@ -50,7 +51,19 @@ pub async fn track(State(state): State<AppState>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     let handler = handler_label(path);
-    let method = req.method().as_str().to_string();
+    // A client may send any token as a method: only the standard ones become label values.
+    let method = match *req.method() {
+        Method::GET
+        | Method::POST
+        | Method::PUT
+        | Method::DELETE
+        | Method::HEAD
+        | Method::OPTIONS
+        | Method::PATCH
+        | Method::CONNECT
+        | Method::TRACE => req.method().as_str().to_string(),
+        _ => "other".to_string(),
+    };
     let start = Instant::now();
     let resp = next.run(req).await;
     let status = status_class(resp.status().as_u16());

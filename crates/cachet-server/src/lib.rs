@@ -24,12 +24,16 @@
 pub mod anthropic;
 mod args;
 mod auth;
-mod body;
+pub mod body;
+mod cors;
 pub mod error;
 pub mod generate;
 mod http_metrics;
+mod limits;
+mod listener;
 pub mod metrics;
 mod misc;
+mod offload;
 pub mod openai;
 mod process;
 pub mod sampling;
@@ -64,6 +68,7 @@ struct StateInner {
     api_key: Option<String>,
     per_request_metrics: bool,
     max_body_bytes: usize,
+    http: limits::HttpPolicy,
 }
 
 /// Shared by every route: the engine handle, the tokenizer (the text side is the server's: the
@@ -94,6 +99,7 @@ impl AppState {
                 api_key: args.api_key.clone().filter(|k| !k.is_empty()),
                 per_request_metrics: args.enable_per_request_metrics,
                 max_body_bytes: args.max_body_bytes,
+                http: limits::HttpPolicy::from_args(args),
             }),
         }
     }
@@ -130,6 +136,10 @@ impl AppState {
         self.inner.max_body_bytes
     }
 
+    fn http_policy(&self) -> &limits::HttpPolicy {
+        &self.inner.http
+    }
+
     /// The name to report for a request's `model` (absent means the first served name).
     fn check_model(&self, requested: Option<&str>) -> Result<String, ApiError> {
         match requested {
@@ -142,7 +152,11 @@ impl AppState {
 
 /// Echoes the caller's `X-Request-Id` on responses that did not set one (errors).
 async fn echo_request_id(req: Request, next: Next) -> Response {
-    let incoming: Option<HeaderValue> = req.headers().get(REQUEST_ID_HEADER).cloned();
+    let incoming: Option<HeaderValue> = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .filter(|v| v.len() <= generate::MAX_REQUEST_ID_LEN)
+        .cloned();
     let mut resp = next.run(req).await;
     if let Some(v) = incoming {
         if !resp.headers().contains_key(REQUEST_ID_HEADER) {
@@ -174,6 +188,7 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(misc::detokenize))
         .fallback(misc::not_found)
         .method_not_allowed_fallback(misc::method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), limits::guard))
         .layer(middleware::from_fn(echo_request_id))
         .layer(middleware::from_fn_with_state(
             state.clone(),
@@ -224,6 +239,10 @@ pub async fn serve(
 }
 
 /// [`serve`] on an already-bound listener, ending when `shutdown` resolves or the engine dies.
+///
+/// Connections are served by [`listener::run`]: headers must arrive within
+/// `--header-read-timeout`, at most `--max-connections` are open at once. Large tokenizer calls
+/// run off the runtime's worker threads ([`offload::OffRuntime`]).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     args: ServerArgs,
@@ -232,9 +251,22 @@ pub async fn serve_on(
     registry: MetricsHandle,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
+    let limits = listener::ConnLimits {
+        header_read_timeout: limits::positive_secs(args.header_read_timeout),
+        max_connections: listener::fit_to_fd_limit(args.max_connections),
+    };
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, model = %handle.model().name, "cachet server listening");
+        tracing::info!(
+            %addr,
+            model = %handle.model().name,
+            max_connections = limits.max_connections,
+            "cachet server listening"
+        );
     }
+    let tokenizer: Arc<dyn TextTokenizer> = Arc::new(offload::OffRuntime::new(
+        tokenizer,
+        offload::heavy_permits(),
+    ));
     let state = AppState::new(handle.clone(), tokenizer, registry.clone(), &args);
     let drain_timeout =
         Duration::try_from_secs_f64(args.shutdown_timeout).unwrap_or(Duration::from_secs(30));
@@ -269,20 +301,18 @@ pub async fn serve_on(
         })
     };
     let trigger = Arc::clone(&signalled);
-    let result = axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            stop.await;
-            trigger.notify_one();
-        })
-        .await
-        .map_err(ServeError::Serve);
+    listener::run(listener, router(state), limits, async move {
+        stop.await;
+        trigger.notify_one();
+    })
+    .await;
     signalled.notify_one();
     let _ = drain.await;
     tracing::info!("cachet server stopped");
     if died.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ServeError::EngineDead);
     }
-    result
+    Ok(())
 }
 
 /// Resolves on ctrl-c or SIGTERM.

@@ -2,7 +2,7 @@
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use prometheus_client::encoding::prometheus_text;
@@ -150,8 +150,10 @@ pub async fn detokenize(
 /// error).
 pub async fn delete_session(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<StatusCode, OpenAiError> {
+    // A path that does not decode (e.g. `%FF`) is an invalid id too, in OpenAI's shape.
+    let id = id.map(|Path(id)| id).unwrap_or_default();
     check_session_id(Some(&id))?;
     state.engine().release_session(&id).await;
     Ok(StatusCode::NO_CONTENT)
@@ -164,21 +166,13 @@ pub async fn reset_prefix_cache(State(state): State<AppState>) -> Json<serde_jso
     Json(json!({ "reset": reset }))
 }
 
-pub async fn not_found() -> Response {
-    with_status(
-        ApiError::bad_request("Not found.").openai_response(),
-        StatusCode::NOT_FOUND,
-    )
+/// 404 for a path no route has, in the shape of the API the path belongs to (Anthropic's under
+/// `/v1/messages`, OpenAI's elsewhere). The path is not echoed.
+pub async fn not_found(uri: Uri) -> Response {
+    ApiError::NotFound.response_for_path(uri.path())
 }
 
-pub async fn method_not_allowed() -> Response {
-    with_status(
-        ApiError::bad_request("Method not allowed.").openai_response(),
-        StatusCode::METHOD_NOT_ALLOWED,
-    )
-}
-
-fn with_status(mut resp: Response, status: StatusCode) -> Response {
-    *resp.status_mut() = status;
-    resp
+/// 405 for a method a route does not answer, in the shape of the path's API.
+pub async fn method_not_allowed(uri: Uri) -> Response {
+    ApiError::MethodNotAllowed.response_for_path(uri.path())
 }
