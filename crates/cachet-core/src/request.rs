@@ -35,6 +35,55 @@ pub struct SamplingParams {
     pub ignore_eos: bool,
     /// Return the log-probability of each sampled token and this many alternatives.
     pub logprobs: Option<u32>,
+    /// Added to the logits of these tokens before any other step (OpenAI's `logit_bias`, each
+    /// in [-100, 100]; -100 in effect bans a token, +100 in effect forces it). Logprobs stay
+    /// those of the raw logits.
+    pub logit_bias: Vec<(TokenId, f32)>,
+    /// Which tokens may be sampled next (structured outputs, forced tool calls). Sampling data
+    /// the executor interprets; the scheduler never reads it.
+    #[serde(skip)]
+    pub constraint: Option<Constraint>,
+}
+
+/// A per-request rule on which tokens may come next, consulted by the executor's sampler: it
+/// samples first and asks [`TokenConstraint::allows`]; only when the token is refused does it
+/// compute the full [`TokenConstraint::fill_mask`] and sample again from the masked
+/// distribution; then it calls [`TokenConstraint::accept`] with the token it chose.
+///
+/// Implementations keep their state behind interior mutability (one request, one sampler
+/// thread at a time, so a lock is never contended).
+pub trait TokenConstraint: Send + Sync + std::fmt::Debug {
+    /// Whether `token` may come next.
+    fn allows(&self, token: TokenId) -> bool;
+    /// Writes the set of tokens that may come next as a bitset over the vocabulary (bit
+    /// `t % 32` of word `t / 32`); `mask` is resized to `vocab_size.div_ceil(32)` words.
+    fn fill_mask(&self, mask: &mut Vec<u32>);
+    /// Advances past `token` (the token the sampler chose).
+    fn accept(&self, token: TokenId);
+}
+
+/// A shared handle on a request's [`TokenConstraint`]. Equal only to itself (by pointer).
+#[derive(Clone, Debug)]
+pub struct Constraint(pub Arc<dyn TokenConstraint>);
+
+impl Constraint {
+    pub fn new(c: impl TokenConstraint + 'static) -> Self {
+        Constraint(Arc::new(c))
+    }
+}
+
+impl std::ops::Deref for Constraint {
+    type Target = dyn TokenConstraint;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
+}
+
+impl PartialEq for Constraint {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Default for SamplingParams {
@@ -53,6 +102,8 @@ impl Default for SamplingParams {
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            logit_bias: Vec::new(),
+            constraint: None,
         }
     }
 }
