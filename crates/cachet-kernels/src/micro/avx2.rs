@@ -111,7 +111,7 @@ pub(crate) unsafe fn exp256(x: __m256) -> __m256 {
 
 // ------------------------------------------------------------------ SwiGLU
 
-/// AVX2 version of [`swiglu_512`].
+/// AVX2 version of [`super::avx512::swiglu_512`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn swiglu_avx2(g: *const f32, u: *const f32, o: *mut f32, n: usize) {
     let one = _mm256_set1_ps(1.0);
