@@ -133,13 +133,16 @@ class RedisNode:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited at start on port {self.port}")
+                log = open(os.path.join(self.dir, "redis.log"), errors="replace").read()[-500:]
+                self.proc = None
+                raise RuntimeError(f"redis-server exited at start on port {self.port}: {log}")
             try:
                 if resp(self.port, "PING", timeout=0.5) == "PONG":
                     return self
             except OSError:
                 pass
             time.sleep(0.02)
+        self.kill()
         raise RuntimeError("redis-server did not answer PING")
 
     def cmd(self, *args):
@@ -160,6 +163,26 @@ class RedisNode:
         return sorted(self.cmd("KEYS", pattern))
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_cluster_port() -> int:
+    """A free port p <= 55535 whose cluster bus port p + 10000 is free too."""
+    import random
+
+    for _ in range(200):
+        p = random.randint(20000, 55535)
+        if _bindable(p) and _bindable(p + 10000):
+            return p
+    raise RuntimeError("no free port pair for a Redis Cluster node")
+
+
 class RedisCluster:
     """`masters` masters (and `replicas` replicas each) made with `redis-cli --cluster create`."""
 
@@ -167,9 +190,17 @@ class RedisCluster:
         need_redis()
         extra = ["--cluster-enabled", "yes", "--cluster-node-timeout", str(node_timeout_ms)]
         self.nodes: list[RedisNode] = []
+        try:
+            self._create(masters, replicas, extra)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _create(self, masters: int, replicas: int, extra: list[str]) -> None:
         for _ in range(masters * (1 + replicas)):
-            n = RedisNode(extra=extra + ["--cluster-config-file", "nodes.conf"])
-            self.nodes.append(n.start())
+            n = RedisNode(port=free_cluster_port(), extra=extra + ["--cluster-config-file", "nodes.conf"])
+            self.nodes.append(n)
+            n.start()
         addrs = [f"127.0.0.1:{n.port}" for n in self.nodes]
         out = subprocess.run(
             ["redis-cli", "--cluster", "create", *addrs, "--cluster-replicas", str(replicas),
@@ -177,7 +208,6 @@ class RedisCluster:
             capture_output=True, text=True, timeout=60,
         )
         if out.returncode != 0:
-            self.stop()
             raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}\n{out.stderr}")
         self.wait_ok(self.nodes)
         if replicas:

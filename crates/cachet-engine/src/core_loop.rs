@@ -261,6 +261,9 @@ impl<E: Executor> EngineCore<E> {
             return;
         }
         for ev in &plan.evicted {
+            if !tier.wants_save(&ev.hash, SaveReason::Evicted) {
+                continue;
+            }
             let mut buf = Vec::with_capacity(self.executor.block_bytes());
             if self.executor.save_block(ev.block, &mut buf).is_ok() {
                 tier.save(ev.hash, Payload::from(buf), SaveReason::Evicted);
@@ -274,6 +277,9 @@ impl<E: Executor> EngineCore<E> {
             return;
         };
         for (block, hash) in entries {
+            if !tier.wants_save(&hash, SaveReason::Filled) {
+                continue;
+            }
             let mut buf = Vec::with_capacity(self.executor.block_bytes());
             if self.executor.save_block(block, &mut buf).is_ok() {
                 tier.save(hash, Payload::from(buf), SaveReason::Filled);

@@ -56,6 +56,12 @@ pub trait KvTier: KvLookup + Send {
     /// Keep `payload` as the KV of `hash` (write-behind: never blocks; may drop and count).
     fn save(&mut self, hash: BlockHash, payload: Payload, reason: SaveReason);
     fn saves_on(&self) -> SaveOn;
+    /// Asked before a block is copied out for a save: `false` when the tier already holds
+    /// `hash` (a block it just loaded, say), so the engine skips the copy (368 KB per block of
+    /// the default model, on the engine thread). Default: every save is wanted.
+    fn wants_save(&mut self, _hash: &BlockHash, _reason: SaveReason) -> bool {
+        true
+    }
 }
 
 /// An in-process tier over a shared map: every block saved on fill, loads answered at the next

@@ -207,10 +207,10 @@ pub const FAMILIES: &[FamilySpec] = &[
     },
     FamilySpec {
         name: "cachet:kv_tier_save_dedup_skips",
-        help: "Redis saves skipped because this instance recently loaded or stored that block",
+        help: "saves skipped, the block not even copied out, because the tier already holds it (host: in the LRU; Redis: this instance loaded or stored it recently)",
         split: Split::None,
         value: Value::Counter(|s, _, _| s.save_dedup_skips),
-        only: Some(TierKind::Redis),
+        only: None,
     },
     FamilySpec {
         name: "cachet:kv_tier_host_evictions",

@@ -482,6 +482,30 @@ impl TierClient {
         }
     }
 
+    /// Whether a save of `hash` to `target` would be redundant, asked before the payload is
+    /// made (the engine then skips copying the block out): the host tier already holds it
+    /// (it becomes most recently used, as a save would make it), or Redis is known to hold it
+    /// (this client loaded or stored it within half the TTL). A skip is counted in
+    /// `save_dedup_skips`. `false` for a tier that is not configured.
+    pub fn skip_save(&self, hash: &BlockHash, target: SaveTarget) -> bool {
+        let skip = match target {
+            SaveTarget::Host => self.inner.host.as_ref().is_some_and(|h| lock(h).touch(hash)),
+            SaveTarget::Redis => self
+                .inner
+                .redis
+                .as_ref()
+                .is_some_and(|r| r.r.recently_present(hash)),
+        };
+        if skip {
+            self.inner
+                .shared
+                .stats
+                .save_dedup_skips
+                .fetch_add(1, Relaxed);
+        }
+        skip
+    }
+
     /// Waits until every save accepted so far has been stored or given up on, or `timeout`
     /// passed; returns whether the queue drained. For shutdown and tests; never needed on the
     /// engine's step path.

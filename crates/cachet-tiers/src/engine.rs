@@ -7,7 +7,9 @@
 //! [`SaveReason::Evicted`] → [`SaveTarget::Host`] (a block leaving the local pool goes to the
 //! host LRU) and [`SaveReason::Filled`] → [`SaveTarget::Redis`] (a new cache entry is published
 //! to the instances sharing the Redis); [`KvTier::saves_on`] asks only for the saves a
-//! configured tier takes.
+//! configured tier takes, and [`KvTier::wants_save`] says no for a block the tier already
+//! holds (the host LRU has it, or this instance loaded or stored it in Redis recently), so the
+//! engine does not copy it out for nothing.
 
 use std::collections::HashMap;
 
@@ -95,6 +97,10 @@ impl KvTier for EngineTier {
         let _ = self.client.save(hash, payload, target(reason));
     }
 
+    fn wants_save(&mut self, hash: &BlockHash, reason: SaveReason) -> bool {
+        !self.client.skip_save(hash, target(reason))
+    }
+
     fn saves_on(&self) -> SaveOn {
         SaveOn {
             evicted: self.client.has(TierKind::Host),
@@ -170,5 +176,27 @@ mod tests {
             Err(LoadFailure("block not in any tier".into()))
         );
         assert!(t.poll_loads().is_empty());
+    }
+
+    #[test]
+    fn a_block_the_host_tier_holds_is_not_copied_again() {
+        let mut t = host_tier();
+        assert!(t.wants_save(&h(1), SaveReason::Evicted));
+        t.save(h(1), Payload::from(vec![1u8; 64]), SaveReason::Evicted);
+        t.save(h(2), Payload::from(vec![2u8; 64]), SaveReason::Evicted);
+        assert!(!t.wants_save(&h(1), SaveReason::Evicted));
+        assert_eq!(t.client().stats().save_dedup_skips, 1);
+        // Redis is not configured: nothing to skip (the save itself is refused).
+        assert!(t.wants_save(&h(1), SaveReason::Filled));
+        // The skipped save still counts as use: h(1) is now more recent than h(2).
+        let c = t.client();
+        // 64 + 64 + 15 * 65,536 + 65,409 = 1 MiB + 1: exactly one eviction, the LRU block.
+        for i in 3..=17u8 {
+            c.save(h(i), Payload::from(vec![i; 65_536]), SaveTarget::Host);
+        }
+        c.save(h(18), Payload::from(vec![18; 65_409]), SaveTarget::Host);
+        assert_eq!(c.stats().host_evictions, 1);
+        assert_eq!(c.lookup(&[h(1)]).len(), 1, "h(1) kept");
+        assert_eq!(c.lookup(&[h(2)]).len(), 0, "h(2) evicted first");
     }
 }

@@ -120,7 +120,8 @@ pub struct TierStats {
     pub save_budget_drops: u64,
     /// Saves that reached the writer but were not stored (Redis down, error, timeout).
     pub save_failures: u64,
-    /// Redis saves skipped because this client recently loaded or stored that block.
+    /// Saves skipped because the tier already holds the block (host: in the LRU; Redis: this
+    /// client loaded or stored it within half the TTL).
     pub save_dedup_skips: u64,
     /// Host saves refused because one payload exceeds the whole host capacity.
     pub host_too_large: u64,
