@@ -1,8 +1,13 @@
 //! Turning logits into tokens.
 //!
-//! Order of operations (as in vLLM): min-tokens masking, repetition / presence / frequency
-//! penalties, then greedy argmax (temperature 0 or top-k 1) or temperature → top-k → softmax →
-//! top-p → min-p → a draw. Logprobs are always the log-softmax of the raw logits.
+//! Order of operations (as in vLLM): `logit_bias`, min-tokens masking, repetition / presence /
+//! frequency penalties, then greedy argmax (temperature 0 or top-k 1) or temperature → top-k →
+//! softmax → top-p → min-p → a draw. Logprobs are always the log-softmax of the raw logits.
+//!
+//! A request's [`Constraint`](cachet_core::request::Constraint) (structured outputs) is asked
+//! about the chosen token only: when it refuses it, the full mask is computed, every refused
+//! token's logit set to -inf, and the token chosen again the same way (the same seeded draw).
+//! The constraint then accepts the final token.
 //!
 //! A seeded draw depends only on `(seed, number of tokens generated so far)`: the same seed gives
 //! the same output whatever else runs in the batch.
@@ -19,6 +24,7 @@ pub struct SamplerScratch {
     counts: Vec<u32>,
     touched: Vec<u32>,
     cand: Vec<(u32, f32)>,
+    mask: Vec<u32>,
 }
 
 /// What a sampler needs besides the logits.
@@ -138,6 +144,7 @@ fn changes_logits(inp: &SampleInput<'_>) -> bool {
     let p = inp.params;
     let rep = p.repetition_penalty;
     (inp.output.len() as u64) < p.min_tokens as u64
+        || !p.logit_bias.is_empty()
         || (rep != 1.0 && rep > 0.0)
         || p.presence_penalty != 0.0
         || p.frequency_penalty != 0.0
@@ -147,6 +154,11 @@ fn changes_logits(inp: &SampleInput<'_>) -> bool {
 fn apply_penalties(work: &mut [f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) {
     let p = inp.params;
     let vocab = work.len();
+    for &(t, b) in &p.logit_bias {
+        if let Some(w) = work.get_mut(t as usize) {
+            *w += b;
+        }
+    }
     if (inp.output.len() as u64) < p.min_tokens as u64 {
         let eos = if p.ignore_eos {
             &[][..]
@@ -209,7 +221,7 @@ pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> 
         return Sampled::token(0);
     }
     let greedy = p.temperature <= 0.0 || p.top_k == 1 || !p.temperature.is_finite();
-    let token = if greedy && !changes_logits(inp) {
+    let mut token = if greedy && !changes_logits(inp) {
         // The common case needs no copy of the logits.
         argmax(logits) as u32
     } else {
@@ -225,6 +237,12 @@ pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> 
         s.work = work;
         token
     };
+    if let Some(c) = &p.constraint {
+        if !c.allows(token) {
+            token = constrained(logits, inp, s, greedy, c);
+        }
+        c.accept(token);
+    }
 
     // The log-softmax over the whole vocabulary costs more than a greedy pick: only when asked.
     let (logprob, top) = match p.logprobs {
@@ -244,6 +262,49 @@ pub fn sample(logits: &[f32], inp: &SampleInput<'_>, s: &mut SamplerScratch) -> 
         logprob,
         top_logprobs: top,
     }
+}
+
+/// The token chosen again from `logits` with every token the constraint refuses at -inf (the
+/// same bias, penalties and draw as the first choice). With nothing left (the constraint allows
+/// only tokens that min-tokens masks), its first allowed token.
+#[cold]
+fn constrained(
+    logits: &[f32],
+    inp: &SampleInput<'_>,
+    s: &mut SamplerScratch,
+    greedy: bool,
+    c: &cachet_core::request::Constraint,
+) -> u32 {
+    let mut mask = std::mem::take(&mut s.mask);
+    c.fill_mask(&mut mask);
+    let mut work = std::mem::take(&mut s.work);
+    work.clear();
+    work.extend_from_slice(logits);
+    apply_penalties(&mut work, inp, s);
+    let mut any = false;
+    for (i, w) in work.iter_mut().enumerate() {
+        let allowed = mask.get(i / 32).is_some_and(|m| m & (1 << (i % 32)) != 0);
+        if !allowed {
+            *w = f32::NEG_INFINITY;
+        } else if *w > f32::NEG_INFINITY {
+            any = true;
+        }
+    }
+    let token = if !any {
+        let first = mask
+            .iter()
+            .enumerate()
+            .find(|(_, &m)| m != 0)
+            .map(|(i, &m)| i as u32 * 32 + m.trailing_zeros());
+        first.unwrap_or(0)
+    } else if greedy {
+        argmax(&work) as u32
+    } else {
+        draw(&work, inp, s)
+    };
+    s.work = work;
+    s.mask = mask;
+    token
 }
 
 /// Temperature → top-k → softmax → top-p → min-p → draw.
@@ -324,4 +385,125 @@ pub fn filtered_distribution(logits: &[f32], params: &SamplingParams) -> Vec<(To
     let _ = draw(&work, &inp, &mut s);
     let total: f32 = s.cand.iter().map(|c| c.1).sum();
     s.cand.iter().map(|&(i, p)| (i, p / total)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use cachet_core::request::{Constraint, TokenConstraint};
+
+    use super::*;
+
+    /// Allows a fixed set of tokens; counts the calls the sampler makes.
+    #[derive(Debug, Default)]
+    struct Only {
+        allowed: Vec<u32>,
+        masks: AtomicUsize,
+        accepted: Mutex<Vec<u32>>,
+    }
+
+    impl TokenConstraint for Only {
+        fn allows(&self, t: u32) -> bool {
+            self.allowed.contains(&t)
+        }
+        fn fill_mask(&self, mask: &mut Vec<u32>) {
+            self.masks.fetch_add(1, Ordering::SeqCst);
+            mask.clear();
+            mask.resize(1, 0);
+            for &t in &self.allowed {
+                mask[0] |= 1 << t;
+            }
+        }
+        fn accept(&self, t: u32) {
+            self.accepted.lock().unwrap().push(t);
+        }
+    }
+
+    fn run(logits: &[f32], p: &SamplingParams, output: &[u32], eos: &[u32]) -> u32 {
+        let inp = SampleInput {
+            params: p,
+            prompt: &[],
+            output,
+            eos_token_ids: eos,
+            fallback_seed: 7,
+        };
+        sample(logits, &inp, &mut SamplerScratch::default()).token
+    }
+
+    fn constrained_params(allowed: Vec<u32>) -> (SamplingParams, Arc<Only>) {
+        let only = Arc::new(Only {
+            allowed,
+            ..Default::default()
+        });
+        let p = SamplingParams {
+            constraint: Some(Constraint(only.clone())),
+            ..SamplingParams::greedy(4)
+        };
+        (p, only)
+    }
+
+    #[test]
+    fn an_allowed_token_needs_no_mask_and_a_refused_one_moves_to_the_best_allowed() {
+        let logits = [0.0, 3.0, 1.0, 2.0, -1.0];
+        // Argmax 1 is allowed: no mask computed.
+        let (p, only) = constrained_params(vec![1, 3]);
+        assert_eq!(run(&logits, &p, &[], &[]), 1);
+        assert_eq!(only.masks.load(Ordering::SeqCst), 0);
+        assert_eq!(*only.accepted.lock().unwrap(), vec![1]);
+        // Argmax 1 refused: the best of {2, 4} is 2, after one mask.
+        let (p, only) = constrained_params(vec![2, 4]);
+        assert_eq!(run(&logits, &p, &[], &[]), 2);
+        assert_eq!(only.masks.load(Ordering::SeqCst), 1);
+        assert_eq!(*only.accepted.lock().unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn a_seeded_draw_under_a_constraint_stays_inside_it() {
+        let logits: Vec<f32> = (0..32).map(|i| (i as f32 * 0.7).sin()).collect();
+        for seed in 0..50 {
+            let (mut p, _) = constrained_params(vec![5, 9, 30]);
+            p.temperature = 1.0;
+            p.seed = Some(seed);
+            let t = run(&logits, &p, &[], &[]);
+            assert!([5, 9, 30].contains(&t), "seed {seed}: {t}");
+        }
+    }
+
+    #[test]
+    fn min_tokens_masking_everything_allowed_falls_back_to_the_constraints_first_token() {
+        // The constraint allows only EOS (3), min_tokens masks it: EOS all the same.
+        let (mut p, _) = constrained_params(vec![3]);
+        p.min_tokens = 2;
+        assert_eq!(run(&[0.0, 1.0, 0.5, 0.2], &p, &[], &[3]), 3);
+    }
+
+    #[test]
+    fn logit_bias_moves_the_choice_and_leaves_logprobs_raw() {
+        let logits = [0.0, 2.0, 1.0];
+        let p = SamplingParams {
+            logit_bias: vec![(2, 1.5)],
+            logprobs: Some(0),
+            ..SamplingParams::greedy(1)
+        };
+        let inp = SampleInput {
+            params: &p,
+            prompt: &[],
+            output: &[],
+            eos_token_ids: &[],
+            fallback_seed: 0,
+        };
+        let s = sample(&logits, &inp, &mut SamplerScratch::default());
+        // 1.0 + 1.5 = 2.5 > 2.0.
+        assert_eq!(s.token, 2);
+        let lse = (0f32.exp() + 2f32.exp() + 1f32.exp()).ln();
+        assert!((s.logprob - (1.0 - lse)).abs() < 1e-5, "{}", s.logprob);
+        // -100 bans the argmax; an out-of-vocabulary id is ignored.
+        let p = SamplingParams {
+            logit_bias: vec![(1, -100.0), (99, 100.0)],
+            ..SamplingParams::greedy(1)
+        };
+        assert_eq!(run(&logits, &p, &[], &[]), 2);
+    }
 }
