@@ -20,6 +20,7 @@ pub mod message;
 pub mod stop;
 pub mod template;
 pub mod tokenizer;
+pub mod tools;
 
 pub use byte::ByteTokenizer;
 pub use detok::{IncrementalDetokenizer, TokenizerRef, MAX_HELD_TOKENS};
@@ -33,3 +34,4 @@ pub use template::{
     MAX_TEMPLATE_BYTES, TEMPLATE_FUEL, TEMPLATE_RECURSION_LIMIT,
 };
 pub use tokenizer::{TextTokenizer, TokenizerError};
+pub use tools::{parse_tool_calls, ParsedCall, ToolCallParser, ToolEvent, ToolFormat};
