@@ -165,14 +165,17 @@ fn logits(
 ) -> Result<Vec<Vec<f32>>, BenchError> {
     let params = SamplingParams::greedy(1);
     let batch = ExecBatch {
+        copies: Vec::new(),
         loads: Vec::new(),
         seqs: (lo..hi)
             .map(|p| SeqChunk {
+                prompt_logprobs: None,
                 slot: (p - lo) as u32,
                 tokens: &toks[p..p + 1],
                 start_pos: p,
                 block_table: table,
                 sample: Some(SampleSpec {
+                    n: 1,
                     params: &params,
                     prompt: &toks[..p + 1],
                     output: &[],

@@ -31,6 +31,18 @@ pub struct SeqChunk<'a> {
     /// `Some` when this chunk completes the known tokens: sample the next one from the logits of
     /// the last position. Only these positions need the lm_head.
     pub sample: Option<SampleSpec<'a>>,
+    /// `Some` for a prompt chunk of a request that asked for prompt logprobs: the logits of
+    /// every position of the chunk are needed too.
+    pub prompt_logprobs: Option<PromptLogprobsSpec<'a>>,
+}
+
+/// Prompt logprobs of one chunk: the log-probability, under the model's distribution at
+/// position `start_pos + j`, of `targets[j]` (the prompt token at `start_pos + j + 1`), with the
+/// `top` most likely alternatives.
+#[derive(Debug)]
+pub struct PromptLogprobsSpec<'a> {
+    pub targets: &'a [TokenId],
+    pub top: u32,
 }
 
 /// What a sampler needs for one request.
@@ -40,6 +52,9 @@ pub struct SampleSpec<'a> {
     pub prompt: &'a [TokenId],
     /// Tokens generated so far (for penalties and for a seeded draw's position).
     pub output: &'a [TokenId],
+    /// Independent draws from these logits (n > 1 forks a request into n sequences at its
+    /// first token: draw `i` uses the seed `params.seed + i`). 1 almost always.
+    pub n: u32,
 }
 
 /// KV bytes an executor must write into a block before it runs the step's chunks.
@@ -53,9 +68,33 @@ pub struct BlockLoad<'a> {
 /// One engine step's work.
 #[derive(Debug, Default)]
 pub struct ExecBatch<'a> {
-    /// Written first, in order.
+    /// Block-to-block copies, done first (copy-on-write of a forked request's partial block):
+    /// `(source, destination)`.
+    pub copies: Vec<(BlockId, BlockId)>,
+    /// Written next, in order.
     pub loads: Vec<BlockLoad<'a>>,
     pub seqs: Vec<SeqChunk<'a>>,
+}
+
+/// What one step produced.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExecOutput {
+    /// In `batch.seqs` order: `Some(token)` for every chunk with `sample` set (its first draw),
+    /// `None` for the others.
+    pub sampled: Vec<Option<Sampled>>,
+    /// Chunks with `n > 1`: (index in `batch.seqs`, draws `1..n`).
+    pub forks: Vec<(usize, Vec<Sampled>)>,
+    /// Chunks with prompt logprobs: (index in `batch.seqs`, one entry per target, in order).
+    pub prompt_logprobs: Vec<(usize, Vec<Sampled>)>,
+}
+
+impl From<Vec<Option<Sampled>>> for ExecOutput {
+    fn from(sampled: Vec<Option<Sampled>>) -> Self {
+        ExecOutput {
+            sampled,
+            ..Default::default()
+        }
+    }
 }
 
 impl ExecBatch<'_> {
@@ -108,7 +147,6 @@ pub trait Executor: Send {
     /// Append block `block`'s KV (every layer, K and V) to `out`: [`Executor::block_bytes`]
     /// bytes that a [`BlockLoad`] of the same layout restores exactly.
     fn save_block(&self, block: BlockId, out: &mut Vec<u8>) -> Result<(), ExecError>;
-    /// Run one step: write `batch.loads`, then compute the chunks. Returns, in `batch.seqs`
-    /// order, `Some(token)` for every chunk with `sample` set and `None` for the others.
-    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError>;
+    /// Run one step: do `batch.copies`, write `batch.loads`, then compute the chunks.
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError>;
 }

@@ -227,6 +227,41 @@ impl KvCacheManager {
         true
     }
 
+    /// A second table for a sequence forked from `parent` once `num_tokens` positions hold KV:
+    /// the full blocks are shared (one more reference each) and the partial last block, if
+    /// any, gets a fresh block the caller must fill with a copy of the parent's (returned as
+    /// `(source, destination)`). All or nothing.
+    pub fn fork(
+        &mut self,
+        parent: &ReqKv,
+        num_tokens: usize,
+        fx: &mut KvEffects,
+    ) -> Result<(ReqKv, Option<(BlockId, BlockId)>), PoolExhausted> {
+        let b = self.block_size;
+        let full = (num_tokens / b).min(parent.blocks.len());
+        let partial = num_tokens % b != 0 && parent.blocks.len() > full;
+        if partial && self.pool.num_free() == 0 {
+            return Err(PoolExhausted {
+                requested: 1,
+                free: 0,
+            });
+        }
+        let mut child = ReqKv {
+            blocks: parent.blocks[..full].to_vec(),
+            num_committed: parent.num_committed.min(full),
+            hashes: parent.hashes.clone(),
+            extra: parent.extra.clone(),
+        };
+        self.pool.touch(&child.blocks);
+        let mut copy = None;
+        if partial {
+            self.pool.allocate(1, &mut child.blocks, &mut fx.evicted)?;
+            fx.allocated += 1;
+            copy = Some((parent.blocks[full], child.blocks[full]));
+        }
+        Ok((child, copy))
+    }
+
     /// Release the request's blocks (finish, abort or preemption). Hashes of its tokens are
     /// kept: they do not change.
     pub fn free(&mut self, kv: &mut ReqKv) {
@@ -285,6 +320,27 @@ mod tests {
             (fx.allocated, fx.filled, fx.created.clone()),
             (2, 2, vec![0])
         );
+    }
+
+    #[test]
+    fn a_fork_shares_full_blocks_and_copies_the_partial_one() {
+        let mut m = mgr(8);
+        let toks: Vec<u32> = (0..10).collect(); // B = 4: blocks 0, 1 full, 2 partial
+        let mut a = ReqKv::default();
+        let mut fx = KvEffects::default();
+        m.allocate_slots(&mut a, &[], 0, 10, &mut fx).unwrap();
+        m.commit(&mut a, &toks, 10, &mut fx);
+        let mut fx = KvEffects::default();
+        let (b, copy) = m.fork(&a, 10, &mut fx).unwrap();
+        assert_eq!(b.blocks[..2], a.blocks[..2]);
+        assert_ne!(b.blocks[2], a.blocks[2]);
+        assert_eq!(copy, Some((a.blocks[2], b.blocks[2])));
+        assert_eq!(fx.allocated, 1);
+        assert_eq!(m.pool().ref_count(a.blocks[0]), 2);
+        assert_eq!(m.pool().ref_count(a.blocks[2]), 1);
+        // Block-aligned: nothing to copy.
+        let (_, copy) = m.fork(&a, 8, &mut fx).unwrap();
+        assert_eq!(copy, None);
     }
 
     #[test]

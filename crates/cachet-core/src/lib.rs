@@ -33,7 +33,7 @@ pub mod sessions;
 pub mod stats;
 
 pub use block_pool::BlockPool;
-pub use exec::{BlockLoad, ExecBatch, ExecError, Executor, Sampled, SeqChunk};
+pub use exec::{BlockLoad, ExecBatch, ExecError, ExecOutput, Executor, Sampled, SeqChunk};
 pub use hash::{BlockHash, HashSeed};
 pub use kv_manager::KvCacheManager;
 pub use observe::{Effect, Observer};

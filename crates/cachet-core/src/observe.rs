@@ -87,6 +87,15 @@ pub enum Effect<'a> {
         /// The request's tokens (prompt and output).
         tokens: &'a [TokenId],
     },
+    /// Sequence `child` was forked from `parent` at its first token (n > 1): it shares the
+    /// prompt's blocks, and its first token (the fork's draw) exists.
+    Forked {
+        parent: u32,
+        child: u32,
+        now: f64,
+        /// The block the child got for its copy of the partial last block, if any.
+        kv: &'a KvEffects,
+    },
     /// A token was appended to the request (`first`: its first output token).
     Sampled { slot: u32, now: f64, first: bool },
     /// The request ended; its slot is free after this call.

@@ -141,6 +141,13 @@ pub struct RequestDraft {
     /// Resumable session (spec §5): keep this request's KV when it finishes, and continue a
     /// parked session of this id when `prompt` extends its retained tokens.
     pub session_id: Option<Arc<str>>,
+    /// Return the log-probability of every prompt token after the first, with this many
+    /// alternatives. Such a request does not read the prefix cache (spec §2: cached tokens have
+    /// no logits), and may ask for `max_tokens: 0`.
+    pub prompt_logprobs: Option<u32>,
+    /// Sequences to generate: one prefill, then `n` sequences forked on the shared prompt
+    /// blocks.
+    pub n: u32,
 }
 
 impl RequestDraft {
@@ -156,9 +163,14 @@ impl RequestDraft {
             priority: 0,
             skip_prefix_cache_read: false,
             session_id: None,
+            prompt_logprobs: None,
+            n: 1,
         }
     }
 }
+
+/// Most sequences one request may fork into.
+pub const MAX_N: u32 = 64;
 
 /// The static limits a request must fit: the model's context and the pool's size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,6 +208,10 @@ pub enum InvalidRequest {
     CannotFit { needed: usize, available: usize },
     #[error("a session id must be 1 to {MAX_SESSION_ID_LEN} characters from [A-Za-z0-9._:-]")]
     BadSessionId,
+    #[error("n must be between 1 and {MAX_N} (got {0})")]
+    BadN(u32),
+    #[error("n > 1 cannot be combined with a session (a session keeps one sequence)")]
+    NWithSession,
 }
 
 /// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] characters from
@@ -222,7 +238,15 @@ impl RequestLimits {
             });
         }
         let room = self.max_model_len - n;
+        if d.n == 0 || d.n > MAX_N {
+            return Err(InvalidRequest::BadN(d.n));
+        }
+        if d.n > 1 && d.session_id.is_some() {
+            return Err(InvalidRequest::NWithSession);
+        }
         let max_tokens = match d.max_tokens {
+            // Only prompt logprobs are wanted: the prompt runs and nothing is generated.
+            Some(0) if d.prompt_logprobs.is_some() && d.n == 1 => 0,
             Some(0) => return Err(InvalidRequest::ZeroMaxTokens),
             Some(m) if m as usize > room => {
                 return Err(InvalidRequest::TooManyTokens {
@@ -240,7 +264,11 @@ impl RequestLimits {
                 max_tokens,
             });
         }
-        let needed = (n + max_tokens as usize).div_ceil(self.block_size.max(1));
+        // n sequences share the prompt's blocks; each needs its own for the output (and a copy
+        // of the partial last block).
+        let b = self.block_size.max(1);
+        let needed = (n + max_tokens as usize).div_ceil(b)
+            + (d.n as usize - 1) * ((n % b + max_tokens as usize).div_ceil(b));
         if needed > self.num_blocks {
             return Err(InvalidRequest::CannotFit {
                 needed,
@@ -251,6 +279,9 @@ impl RequestLimits {
             if !valid_session_id(s) {
                 return Err(InvalidRequest::BadSessionId);
             }
+        }
+        if d.prompt_logprobs.is_some() {
+            d.skip_prefix_cache_read = true;
         }
         d.sampling.max_tokens = max_tokens;
         d.max_tokens = Some(max_tokens);
@@ -374,6 +405,36 @@ mod tests {
             Err(InvalidRequest::MinTokensAboveMax {
                 min_tokens: 6,
                 max_tokens: 5
+            })
+        );
+    }
+
+    #[test]
+    fn prompt_logprobs_skip_the_cache_and_allow_zero_tokens_n_is_bounded() {
+        let l = limits();
+        let mut d = draft(10, Some(0));
+        d.prompt_logprobs = Some(1);
+        let v = l.validate(d).unwrap();
+        assert!(v.draft().skip_prefix_cache_read);
+        assert_eq!(v.draft().sampling.max_tokens, 0);
+        let mut d = draft(10, Some(1));
+        d.n = 0;
+        assert_eq!(l.validate(d), Err(InvalidRequest::BadN(0)));
+        let mut d = draft(10, Some(1));
+        d.n = 2;
+        d.session_id = Some(Arc::from("s"));
+        assert_eq!(l.validate(d), Err(InvalidRequest::NWithSession));
+        // 10 + 20 tokens: 2 blocks for the first sequence; each other needs the rest of the
+        // partial block (10) + 20 → 2 blocks: n = 3 needs 2 + 2·2 = 6 of 8; n = 4 needs 8; 5: 10.
+        let mut d = draft(10, Some(20));
+        d.n = 4;
+        assert!(l.validate(d.clone()).is_ok());
+        d.n = 5;
+        assert_eq!(
+            l.validate(d),
+            Err(InvalidRequest::CannotFit {
+                needed: 10,
+                available: 8
             })
         );
     }

@@ -19,7 +19,7 @@ use thiserror::Error;
 
 use crate::block_pool::Evicted;
 use crate::connector::{KvLoadRequest, KvLookup, TierTag};
-use crate::exec::{ExecBatch, SampleSpec, Sampled, SeqChunk};
+use crate::exec::{ExecBatch, ExecOutput, PromptLogprobsSpec, SampleSpec, Sampled, SeqChunk};
 use crate::hash::{BlockHash, ExtraKeys, HashSeed};
 use crate::kv_manager::{KvCacheManager, KvEffects, ReqKv};
 use crate::observe::{Effect, Lookup, Observer};
@@ -128,14 +128,18 @@ pub struct SchedulerOutput {
     /// Cache entries this plan's allocations evicted (with `report_evictions`): their blocks
     /// still hold the old KV until the step executes.
     pub evicted: Vec<Evicted>,
+    /// Block copies the executor must do first (copy-on-write of forked sequences' partial
+    /// blocks): `(source, destination)`.
+    pub copies: Vec<(BlockId, BlockId)>,
 }
 
 impl SchedulerOutput {
     pub fn num_tokens(&self) -> usize {
         self.chunks.iter().map(|c| c.num_tokens).sum()
     }
+    /// Nothing to execute: no chunk and no copy.
     pub fn is_empty(&self) -> bool {
-        self.chunks.is_empty()
+        self.chunks.is_empty() && self.copies.is_empty()
     }
 }
 
@@ -154,6 +158,27 @@ pub struct RequestUpdate {
     /// The recorder's numbers for this update (first token and final updates), attached by the
     /// owner of the recorder; the scheduler always leaves it `None`.
     pub report: Option<Box<Report>>,
+    /// Which of the request's `n` sequences this is (0 for the first).
+    pub seq: u32,
+    /// Requests with prompt logprobs: one per prompt token after the first, on the first-token
+    /// update (or the final one with `max_tokens: 0`).
+    pub prompt_logprobs: Option<Box<Vec<Sampled>>>,
+}
+
+impl RequestUpdate {
+    fn new(slot: u32, handle: u64, seq: u32) -> Self {
+        RequestUpdate {
+            slot,
+            handle,
+            token: None,
+            first_token: false,
+            finish: None,
+            session: None,
+            report: None,
+            seq,
+            prompt_logprobs: None,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +207,13 @@ struct Request {
     arrival: f64,
     sampling: SamplingParams,
     session: Option<Box<SessionInfo>>,
+    /// Sequences still to fork at the first token (1: none).
+    fork_n: u32,
+    /// Which sequence of its request this is.
+    seq: u32,
+    /// Prompt logprobs asked for (alternatives per token), and those computed so far.
+    prompt_lp: Option<u32>,
+    prompt_lps: Vec<Sampled>,
 }
 
 impl Request {
@@ -217,6 +249,8 @@ pub struct Scheduler<O: Observer = ()> {
     fx: KvEffects,
     /// New cache entries since the last `take_new_entries` (with `report_new_entries`).
     new_entries: Vec<(BlockId, BlockHash)>,
+    /// Copies owed to forked sequences, handed out with the next plan.
+    pending_copies: Vec<(BlockId, BlockId)>,
     obs: O,
 }
 
@@ -242,6 +276,7 @@ impl<O: Observer> Scheduler<O> {
             next_admit_seq: 0,
             fx: KvEffects::default(),
             new_entries: Vec::new(),
+            pending_copies: Vec::new(),
             obs: observer,
         }
     }
@@ -373,6 +408,10 @@ impl<O: Observer> Scheduler<O> {
             arrival,
             sampling: d.sampling,
             session,
+            fork_n: d.n,
+            seq: 0,
+            prompt_lp: d.prompt_logprobs,
+            prompt_lps: Vec::new(),
         };
         self.obs.observe(Effect::Arrived {
             slot,
@@ -417,7 +456,10 @@ impl<O: Observer> Scheduler<O> {
 
     /// Plan one step. `tier` answers external lookups at first admissions.
     pub fn schedule(&mut self, now: f64, mut tier: Option<&mut dyn KvLookup>) -> SchedulerOutput {
-        let mut out = SchedulerOutput::default();
+        let mut out = SchedulerOutput {
+            copies: std::mem::take(&mut self.pending_copies),
+            ..Default::default()
+        };
         out.chunks
             .reserve(self.running.len() + self.waiting.len().min(self.cfg.max_num_seqs));
         let mut budget = self.cfg.max_num_batched_tokens;
@@ -479,7 +521,7 @@ impl<O: Observer> Scheduler<O> {
                         slot,
                         start_pos: r.num_computed,
                         num_tokens: n,
-                        sample: r.num_computed + n == r.tokens.len(),
+                        sample: r.num_computed + n == r.tokens.len() && r.sampling.max_tokens > 0,
                     });
                 }
                 budget -= n;
@@ -605,7 +647,7 @@ impl<O: Observer> Scheduler<O> {
             slot,
             start_pos: num_computed,
             num_tokens: n,
-            sample: num_computed + n == total,
+            sample: num_computed + n == total && r.sampling.max_tokens > 0,
         });
         Some(Admission::Running(n))
     }
@@ -700,38 +742,55 @@ impl<O: Observer> Scheduler<O> {
             .iter()
             .filter_map(|c| {
                 let r = self.slot(c.slot)?;
+                let end = c.start_pos + c.num_tokens;
+                let prompt_logprobs = match r.prompt_lp {
+                    Some(top) if c.start_pos < r.prompt_len => Some(PromptLogprobsSpec {
+                        targets: &r.tokens[c.start_pos + 1..(end + 1).min(r.prompt_len)],
+                        top,
+                    }),
+                    _ => None,
+                };
                 Some(SeqChunk {
                     slot: c.slot,
-                    tokens: &r.tokens[c.start_pos..c.start_pos + c.num_tokens],
+                    tokens: &r.tokens[c.start_pos..end],
                     start_pos: c.start_pos,
                     block_table: &r.kv.blocks,
                     sample: c.sample.then(|| SampleSpec {
                         params: &r.sampling,
                         prompt: &r.tokens[..r.prompt_len],
                         output: &r.tokens[r.prompt_len..],
+                        n: if r.has_output() { 1 } else { r.fork_n },
                     }),
+                    prompt_logprobs,
                 })
             })
             .collect();
         ExecBatch {
+            copies: out.copies.clone(),
             loads: Vec::new(),
             seqs,
         }
     }
 
     /// Apply a step's results: advance computed tokens, commit full blocks, append sampled
-    /// tokens, finish requests. `results[i]` belongs to `out.chunks[i]`.
+    /// tokens, fork sequences, finish requests. `results.sampled[i]` belongs to `out.chunks[i]`.
     pub fn update(
         &mut self,
         out: &SchedulerOutput,
-        results: Vec<Option<Sampled>>,
+        results: ExecOutput,
         now: f64,
     ) -> Vec<RequestUpdate> {
+        let ExecOutput {
+            sampled,
+            mut forks,
+            mut prompt_logprobs,
+        } = results;
         let mut updates = Vec::with_capacity(out.chunks.len());
-        for (chunk, res) in out
+        for (ci, (chunk, res)) in out
             .chunks
             .iter()
-            .zip(results.into_iter().chain(std::iter::repeat_with(|| None)))
+            .zip(sampled.into_iter().chain(std::iter::repeat_with(|| None)))
+            .enumerate()
         {
             let slot = chunk.slot;
             let Some(r) = self.slots[slot as usize].as_mut() else {
@@ -742,6 +801,16 @@ impl<O: Observer> Scheduler<O> {
             }
             r.num_computed += chunk.num_tokens;
             let prefill = !r.has_output();
+            if r.prompt_lp.is_some() {
+                if let Some(k) = prompt_logprobs.iter().position(|(i, _)| *i == ci) {
+                    let lps = prompt_logprobs.swap_remove(k).1;
+                    // Entry j is the logprob of the token at start + 1 + j; a re-prefill after a
+                    // preemption recomputes ones already kept.
+                    let have = r.prompt_lps.len() + 1;
+                    let skip = have.saturating_sub(chunk.start_pos + 1);
+                    r.prompt_lps.extend(lps.into_iter().skip(skip));
+                }
+            }
             self.fx.filled = 0;
             self.fx.created.clear();
             self.fx.committed_until = 0;
@@ -763,6 +832,14 @@ impl<O: Observer> Scheduler<O> {
                     }
                 }
             }
+            if r.sampling.max_tokens == 0 && r.num_computed >= r.prompt_len {
+                // Only prompt logprobs were wanted: the prompt ran, nothing is generated.
+                let lps = std::mem::take(&mut r.prompt_lps);
+                let mut u = self.finish_slot(slot, FinishReason::Length, now);
+                u.prompt_logprobs = Some(Box::new(lps));
+                updates.push(u);
+                continue;
+            }
             if !chunk.sample {
                 continue;
             }
@@ -772,37 +849,126 @@ impl<O: Observer> Scheduler<O> {
                 continue;
             };
             r.tokens.push(sampled.token);
+            let lps = (prefill && r.prompt_lp.is_some())
+                .then(|| Box::new(std::mem::take(&mut r.prompt_lps)));
+            let draws = if prefill && r.fork_n > 1 {
+                r.fork_n = 1;
+                forks
+                    .iter()
+                    .position(|(i, _)| *i == ci)
+                    .map(|k| forks.swap_remove(k).1)
+            } else {
+                None
+            };
             self.obs.observe(Effect::Sampled {
                 slot,
                 now,
                 first: prefill,
             });
-            match self.check_stop(slot, sampled.token) {
-                Some(reason) => {
-                    let mut u = self.finish_slot(slot, reason, now);
-                    u.token = Some(sampled);
-                    u.first_token = prefill;
-                    updates.push(u);
-                }
+            let mut u = match self.check_stop(slot, sampled.token) {
+                Some(reason) => self.finish_slot(slot, reason, now),
                 None => {
-                    let session = match (prefill, self.slot(slot)) {
-                        (true, Some(r)) => r.session.clone(),
-                        _ => None,
-                    };
-                    updates.push(RequestUpdate {
-                        slot,
-                        handle: self.slot(slot).map_or(0, |r| r.handle),
-                        token: Some(sampled),
-                        first_token: prefill,
-                        finish: None,
-                        session,
-                        report: None,
-                    });
+                    let r = self.slot(slot);
+                    let mut u =
+                        RequestUpdate::new(slot, r.map_or(0, |r| r.handle), r.map_or(0, |r| r.seq));
+                    if prefill {
+                        u.session = r.and_then(|r| r.session.clone());
+                    }
+                    u
                 }
+            };
+            u.token = Some(sampled);
+            u.first_token = prefill;
+            u.prompt_logprobs = lps;
+            updates.push(u);
+            if let Some(draws) = draws {
+                self.fork(slot, draws, now, &mut updates);
             }
         }
         self.compact_running();
         updates
+    }
+
+    /// A request asked for `n` sequences and its first token was just drawn: sequences
+    /// `1..n` start from the draws `draws` (one each), sharing the prompt's full blocks; the
+    /// partial last block is copied (in the next step's batch, before anything writes to it).
+    /// When the pool cannot give a sequence its block, that sequence waits and recomputes its
+    /// prompt (hitting the prefix cache for the full blocks).
+    fn fork(
+        &mut self,
+        parent: u32,
+        draws: Vec<Sampled>,
+        now: f64,
+        updates: &mut Vec<RequestUpdate>,
+    ) {
+        for (i, draw) in draws.into_iter().enumerate() {
+            let Some(p) = self.slots[parent as usize].as_ref() else {
+                return;
+            };
+            self.fx.clear();
+            let forked = self.kv.fork(&p.kv, p.prompt_len, &mut self.fx);
+            let mut tokens = Vec::with_capacity(p.tokens.capacity());
+            tokens.extend_from_slice(&p.tokens[..p.prompt_len]);
+            tokens.push(draw.token);
+            let mut sampling = p.sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64 + 1));
+            let (kv, num_computed, status) = match forked {
+                Ok((kv, copy)) => {
+                    self.pending_copies.extend(copy);
+                    (kv, p.prompt_len, Status::Running)
+                }
+                Err(_) => (ReqKv::new((*p.kv.extra).clone()), 0, Status::Waiting),
+            };
+            let child = Request {
+                kv,
+                tokens,
+                num_computed,
+                prompt_len: p.prompt_len,
+                status,
+                admitted_once: true,
+                skip_read: p.skip_read,
+                priority: p.priority,
+                handle: p.handle,
+                admit_seq: self.next_admit_seq,
+                arrival: p.arrival,
+                sampling,
+                session: None,
+                fork_n: 1,
+                seq: i as u32 + 1,
+                prompt_lp: None,
+                prompt_lps: Vec::new(),
+            };
+            self.next_admit_seq += 1;
+            let slot = self.free_slots.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            });
+            self.obs.observe(Effect::Forked {
+                parent,
+                child: slot,
+                now,
+                kv: &self.fx,
+            });
+            let seq = child.seq;
+            let handle = child.handle;
+            self.slots[slot as usize] = Some(child);
+            match status {
+                Status::Running => self.running.push(slot),
+                _ => self.waiting.push_front(slot),
+            }
+            let mut u = RequestUpdate::new(slot, handle, seq);
+            u.token = Some(draw);
+            u.first_token = true;
+            // A one-token request ends with its first token.
+            if let Some(reason) = self.check_stop(slot, u.token.as_ref().map_or(0, |t| t.token)) {
+                let mut f = self.finish_slot(slot, reason, now);
+                f.token = u.token.take();
+                f.first_token = true;
+                updates.push(f);
+            } else {
+                updates.push(u);
+            }
+        }
     }
 
     /// Blocks that became new cache entries since the last call (with `report_new_entries`).
@@ -846,15 +1012,9 @@ impl<O: Observer> Scheduler<O> {
 
     fn finish_slot(&mut self, slot: u32, reason: FinishReason, now: f64) -> RequestUpdate {
         let Some(mut r) = self.slots[slot as usize].take() else {
-            return RequestUpdate {
-                slot,
-                handle: 0,
-                token: None,
-                first_token: false,
-                finish: Some(reason),
-                session: None,
-                report: None,
-            };
+            let mut u = RequestUpdate::new(slot, 0, 0);
+            u.finish = Some(reason);
+            return u;
         };
         self.free_slots.push(slot);
         match r.status {
@@ -892,15 +1052,10 @@ impl<O: Observer> Scheduler<O> {
             generation_tokens: r.tokens.len() - r.prompt_len,
             parked,
         });
-        RequestUpdate {
-            slot,
-            handle: r.handle,
-            token: None,
-            first_token: false,
-            finish: Some(reason),
-            session: r.session,
-            report: None,
-        }
+        let mut u = RequestUpdate::new(slot, r.handle, r.seq);
+        u.finish = Some(reason);
+        u.session = r.session;
+        u
     }
 
     /// Per-request snapshot for tests: (prompt + output tokens, blocks held).

@@ -8,8 +8,8 @@ use cachet_core::connector::KvLookup;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{CounterTotals, FinishedRequestStats, PrefillStats};
 use cachet_core::{
-    FinishReason, HashSeed, Recorder, RequestDraft, Sampled, SamplingParams, Scheduler,
-    SchedulerConfig,
+    ExecBatch, ExecOutput, FinishReason, HashSeed, Recorder, RequestDraft, Sampled, SamplingParams,
+    Scheduler, SchedulerConfig,
 };
 
 pub fn cfg(num_blocks: usize, block_size: usize) -> SchedulerConfig {
@@ -105,11 +105,7 @@ impl Core {
     ) -> (SchedulerOutput, Vec<RequestUpdate>) {
         self.now = now;
         let out = self.s.schedule(now, tier);
-        let results: Vec<Option<Sampled>> = out
-            .chunks
-            .iter()
-            .map(|c| c.sample.then(|| Sampled::token(7)))
-            .collect();
+        let results = fake_execute(&self.s.exec_batch(&out));
         let mut ups = self.s.update(&out, results, now);
         let reports = self.s.observer_mut().take_reports();
         for (slot, rep) in reports {
@@ -151,6 +147,35 @@ impl Core {
     pub fn totals(&self) -> CounterTotals {
         self.s.observer().totals()
     }
+}
+
+/// The trivial executor: every first draw is token 7, fork draw `i` is `7 + i`, and the
+/// logprob of a prompt target `t` is `-t / 100`.
+pub fn fake_execute(batch: &ExecBatch<'_>) -> ExecOutput {
+    let mut out = ExecOutput::default();
+    for (i, seq) in batch.seqs.iter().enumerate() {
+        out.sampled
+            .push(seq.sample.as_ref().map(|_| Sampled::token(7)));
+        if let Some(spec) = &seq.sample {
+            if spec.n > 1 {
+                out.forks
+                    .push((i, (1..spec.n).map(|k| Sampled::token(7 + k)).collect()));
+            }
+        }
+        if let Some(lp) = &seq.prompt_logprobs {
+            let v = lp
+                .targets
+                .iter()
+                .map(|&t| Sampled {
+                    token: t,
+                    logprob: -(t as f32) / 100.0,
+                    top_logprobs: Vec::new(),
+                })
+                .collect();
+            out.prompt_logprobs.push((i, v));
+        }
+    }
+    out
 }
 
 pub fn stats_of(fin: &[FinishedRequestStats], id: &str) -> PrefillStats {

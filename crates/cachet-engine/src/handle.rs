@@ -83,6 +83,12 @@ pub struct RequestOutput {
     pub session: Option<SessionInfo>,
     /// The engine failed while the request was live (final output).
     pub error: Option<EngineFailure>,
+    /// Which of the request's `n` sequences this output belongs to (0 for the first). Each
+    /// sequence ends with its own final output (`finish_reason` set).
+    pub seq: u32,
+    /// Requests with prompt logprobs: one per prompt token after the first (on the first-token
+    /// output, or the final one with `max_tokens: 0`).
+    pub prompt_logprobs: Option<Vec<Sampled>>,
 }
 
 impl RequestOutput {
@@ -94,6 +100,8 @@ impl RequestOutput {
             report: None,
             session: None,
             error: Some(error),
+            seq: 0,
+            prompt_logprobs: None,
         }
     }
 }
@@ -116,6 +124,8 @@ pub(crate) enum Command {
     },
     Finish {
         handle: RequestHandle,
+        /// One sequence of the request; `None`: all of them.
+        seq: Option<u32>,
         reason: FinishReason,
     },
     ReleaseSession(String, oneshot::Sender<()>),
@@ -188,11 +198,14 @@ pub struct EngineHandle {
     pub(crate) shared: Arc<Shared>,
 }
 
-/// Outputs of one request. Dropping it before the final output aborts the request.
+/// Outputs of one request (all its sequences). Dropping it before every sequence's final
+/// output aborts the request.
 pub struct RequestStream {
     handle: RequestHandle,
     rx: mpsc::UnboundedReceiver<RequestOutput>,
     tx: std_mpsc::Sender<Command>,
+    /// Sequences that have not ended yet.
+    remaining: u32,
     finished: bool,
 }
 
@@ -207,7 +220,12 @@ impl RequestStream {
         }
         let out = self.rx.recv().await;
         match &out {
-            Some(o) if o.finish_reason.is_some() => self.finished = true,
+            // The engine failed: every sequence ends with this one output.
+            Some(o) if o.error.is_some() => self.finished = true,
+            Some(o) if o.finish_reason.is_some() => {
+                self.remaining = self.remaining.saturating_sub(1);
+                self.finished = self.remaining == 0;
+            }
             None => self.finished = true,
             _ => {}
         }
@@ -221,6 +239,7 @@ impl Drop for RequestStream {
             // A no-op if the request already ended: handles are never reused.
             let _ = self.tx.send(Command::Finish {
                 handle: self.handle,
+                seq: None,
                 reason: FinishReason::Abort,
             });
         }
@@ -268,6 +287,7 @@ impl EngineHandle {
             return Err(AddRequestError::NotRunning(state));
         }
         let handle = RequestHandle(self.shared.next_handle.fetch_add(1, Ordering::Relaxed));
+        let n = req.draft().n.max(1);
         let (out, rx) = mpsc::unbounded_channel();
         let (ack, ack_rx) = oneshot::channel();
         let cmd = Command::Add {
@@ -284,6 +304,7 @@ impl EngineHandle {
             handle,
             rx,
             tx: self.tx.clone(),
+            remaining: n,
             finished: false,
         };
         match ack_rx.await {
@@ -304,9 +325,22 @@ impl EngineHandle {
         self.finish(handle, FinishReason::Abort);
     }
 
-    /// End a live request with `reason` (e.g. a stop string matched in the frontend).
+    /// End every sequence of a live request with `reason`.
     pub fn finish(&self, handle: RequestHandle, reason: FinishReason) {
-        let _ = self.tx.send(Command::Finish { handle, reason });
+        let _ = self.tx.send(Command::Finish {
+            handle,
+            seq: None,
+            reason,
+        });
+    }
+
+    /// End one sequence of a live request (e.g. a stop string matched in its text).
+    pub fn finish_seq(&self, handle: RequestHandle, seq: u32, reason: FinishReason) {
+        let _ = self.tx.send(Command::Finish {
+            handle,
+            seq: Some(seq),
+            reason,
+        });
     }
 
     /// Close a session: a turn in flight is aborted, and the parked KV is released (full blocks

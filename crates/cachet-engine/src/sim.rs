@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use cachet_core::exec::{ExecBatch, ExecError, Executor, Sampled};
+use cachet_core::exec::{ExecBatch, ExecError, ExecOutput, Executor, Sampled};
 use cachet_core::BlockId;
 
 #[derive(Clone, Debug)]
@@ -141,7 +141,7 @@ impl Executor for SimExecutor {
         Ok(())
     }
 
-    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError> {
         if let Some(seq) = &self.cfg.panic_on {
             let hit = batch.seqs.iter().any(|s| {
                 !seq.is_empty() && s.tokens.windows(seq.len()).any(|w| w == seq.as_slice())
@@ -151,6 +151,14 @@ impl Executor for SimExecutor {
             }
         }
         let b = self.cfg.block_size;
+        for &(src, dst) in &batch.copies {
+            let (s0, d0) = (src as usize * b, dst as usize * b);
+            if s0 + b > self.arena.len() || d0 + b > self.arena.len() {
+                return Err(Self::bad_slot(s0.max(d0), Some(src.max(dst))));
+            }
+            self.arena.copy_within(s0..s0 + b, d0);
+        }
+        let mut out = ExecOutput::default();
         for load in &batch.loads {
             let want = self.block_bytes();
             if load.data.len() != want {
@@ -175,7 +183,7 @@ impl Executor for SimExecutor {
             !self.cfg.prefill_cost_per_token.is_zero() || !self.cfg.decode_cost_per_seq.is_zero();
         let (mut prefill_tokens, mut decode_seqs) = (0u32, 0u32);
         let vocab = self.cfg.vocab_size.max(1) as u64;
-        let mut results = Vec::with_capacity(batch.seqs.len());
+        out.sampled.reserve(batch.seqs.len());
         // Each sequence's KV lives in its own blocks: request those lines first, so that the
         // misses of a thousand decodes overlap instead of queueing one by one.
         for seq in &batch.seqs {
@@ -203,8 +211,24 @@ impl Executor for SimExecutor {
                     decode_seqs += 1;
                 }
             }
+            if let Some(lp) = &seq.prompt_logprobs {
+                // The "logprob" of the next prompt token, a function of the context's KV.
+                let mut v = Vec::with_capacity(lp.targets.len());
+                for (j, &t) in lp.targets.iter().enumerate() {
+                    let fp = self.arena[self.slot(seq.block_table, seq.start_pos + j)?];
+                    let h = mix(fp, t as u64);
+                    v.push(Sampled {
+                        token: t,
+                        logprob: -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01,
+                        top_logprobs: (0..lp.top.min(5))
+                            .map(|k| (self.cfg.first_token + k, -1.0 - k as f32))
+                            .collect(),
+                    });
+                }
+                out.prompt_logprobs.push((out.sampled.len(), v));
+            }
             let Some(spec) = &seq.sample else {
-                results.push(None);
+                out.sampled.push(None);
                 continue;
             };
             let end = seq.start_pos + seq.tokens.len();
@@ -223,21 +247,82 @@ impl Executor for SimExecutor {
             } else {
                 self.cfg.first_token + (h % vocab) as u32
             };
-            let mut s = Sampled::token(token);
-            if let Some(k) = spec.params.logprobs {
-                s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
-                s.top_logprobs = (0..k.min(5))
-                    .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+            let token = self.steer(h, token, spec.params);
+            let draw = |h: u64, token: u32| {
+                let mut s = Sampled::token(token);
+                if let Some(k) = spec.params.logprobs {
+                    s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
+                    s.top_logprobs = (0..k.min(5))
+                        .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+                        .collect();
+                }
+                s
+            };
+            if spec.n > 1 {
+                // Further independent draws from the same context (a forked request).
+                let extra = (1..spec.n)
+                    .map(|i| {
+                        let hi = mix(h, 0x5eed_0000 + i as u64);
+                        draw(hi, self.cfg.first_token + (hi % vocab) as u32)
+                    })
                     .collect();
+                out.forks.push((out.sampled.len(), extra));
             }
-            results.push(Some(s));
+            out.sampled.push(Some(draw(h, token)));
         }
         if timed {
             let cost = self.cfg.prefill_cost_per_token * prefill_tokens
                 + self.cfg.decode_cost_per_seq * decode_seqs;
             std::thread::sleep(cost);
         }
-        Ok(results)
+        Ok(out)
+    }
+}
+
+impl SimExecutor {
+    /// The simulator's answer to `logit_bias` and a constraint (its "logits" are flat over
+    /// `first_token..first_token + vocab_size`): a bias of +50 or more forces the token (the
+    /// largest such bias, lowest id on ties), -50 or less bans it (the choice moves to another
+    /// token of the range, derived from `h`); smaller biases change nothing. A constraint that
+    /// refuses the token moves the choice to an allowed token of the range (any allowed token
+    /// when none of the range is), derived from `h`; then it accepts the token.
+    fn steer(&self, h: u64, mut token: u32, params: &cachet_core::SamplingParams) -> u32 {
+        let (first, n) = (self.cfg.first_token, self.cfg.vocab_size.max(1));
+        if !params.logit_bias.is_empty() {
+            let banned = |t: u32| params.logit_bias.iter().any(|&(b, v)| b == t && v <= -50.0);
+            let forced = params
+                .logit_bias
+                .iter()
+                .filter(|&&(_, v)| v >= 50.0)
+                .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+            if let Some(&(t, _)) = forced {
+                token = t;
+            } else if banned(token) {
+                let rest: Vec<u32> = (first..first + n).filter(|&t| !banned(t)).collect();
+                if !rest.is_empty() {
+                    token = rest[(mix(h, 1) % rest.len() as u64) as usize];
+                }
+            }
+        }
+        if let Some(c) = &params.constraint {
+            if !c.allows(token) {
+                let mut mask = Vec::new();
+                c.fill_mask(&mut mask);
+                let on = |t: u32| {
+                    mask.get(t as usize / 32)
+                        .is_some_and(|w| w & (1 << (t % 32)) != 0)
+                };
+                let mut cand: Vec<u32> = (first..first + n).filter(|&t| on(t)).collect();
+                if cand.is_empty() {
+                    cand = (0..mask.len() as u32 * 32).filter(|&t| on(t)).collect();
+                }
+                if !cand.is_empty() {
+                    token = cand[(mix(h, 2) % cand.len() as u64) as usize];
+                }
+            }
+            c.accept(token);
+        }
+        token
     }
 }
 

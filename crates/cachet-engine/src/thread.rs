@@ -16,15 +16,17 @@ use crate::core_loop::EngineCore;
 use crate::handle::{Command, EngineFailure, EngineState, RequestHandle, RequestOutput, Shared};
 
 /// Where each live request's outputs go: by the core's slot (updates name slots), and the
-/// handle → slot map for commands (clients name handles).
+/// handle → slots map for commands (clients name handles; a request forked into n sequences
+/// has n slots).
 #[derive(Default)]
 struct Routes {
     by_slot: Vec<Option<Route>>,
-    slots: HashMap<RequestHandle, u32>,
+    slots: HashMap<RequestHandle, Vec<u32>>,
 }
 
 struct Route {
     handle: RequestHandle,
+    seq: u32,
     tx: mpsc::UnboundedSender<RequestOutput>,
 }
 
@@ -33,14 +35,15 @@ impl Routes {
         &mut self,
         slot: u32,
         handle: RequestHandle,
+        seq: u32,
         tx: mpsc::UnboundedSender<RequestOutput>,
     ) {
         let i = slot as usize;
         if self.by_slot.len() <= i {
             self.by_slot.resize_with(i + 1, || None);
         }
-        self.by_slot[i] = Some(Route { handle, tx });
-        self.slots.insert(handle, slot);
+        self.by_slot[i] = Some(Route { handle, seq, tx });
+        self.slots.entry(handle).or_default().push(slot);
     }
 
     fn len(&self) -> usize {
@@ -48,13 +51,51 @@ impl Routes {
     }
 
     fn live_slots(&self) -> Vec<u32> {
-        self.slots.values().copied().collect()
+        self.slots.values().flatten().copied().collect()
+    }
+
+    /// The slots of a request's sequences (`seq`: only that one).
+    fn slots_of(&self, handle: RequestHandle, seq: Option<u32>) -> Vec<u32> {
+        let all = self.slots.get(&handle).cloned().unwrap_or_default();
+        match seq {
+            None => all,
+            Some(q) => all
+                .into_iter()
+                .filter(|&s| {
+                    self.by_slot
+                        .get(s as usize)
+                        .and_then(|r| r.as_ref())
+                        .is_some_and(|r| r.seq == q)
+                })
+                .collect(),
+        }
+    }
+
+    /// A sequence forked from a live request: it goes where its request's outputs go.
+    fn adopt(&mut self, slot: u32, handle: RequestHandle, seq: u32) {
+        let tx = self
+            .slots
+            .get(&handle)
+            .and_then(|s| s.first())
+            .and_then(|&p| self.by_slot.get(p as usize))
+            .and_then(|r| r.as_ref())
+            .map(|r| r.tx.clone());
+        if let Some(tx) = tx {
+            self.insert(slot, handle, seq, tx);
+        }
     }
 
     /// Send one update to its stream. Returns the slot when the receiver is gone and the
     /// request is still live (the caller aborts it: the client disconnected).
     fn deliver(&mut self, up: RequestUpdate, error: Option<&EngineFailure>) -> Option<u32> {
         let slot = up.slot;
+        let known = self
+            .by_slot
+            .get(slot as usize)
+            .is_some_and(|r| r.as_ref().is_some_and(|r| r.handle.0 == up.handle));
+        if !known && up.seq > 0 {
+            self.adopt(slot, RequestHandle(up.handle), up.seq);
+        }
         let entry = self.by_slot.get_mut(slot as usize)?;
         let out = RequestOutput {
             tokens: up.token.into_iter().collect(),
@@ -63,10 +104,17 @@ impl Routes {
             report: up.report,
             session: up.session.map(|s| *s),
             error: error.cloned(),
+            seq: up.seq,
+            prompt_logprobs: up.prompt_logprobs.map(|b| *b),
         };
         if out.finish_reason.is_some() {
             let route = entry.take()?;
-            self.slots.remove(&route.handle);
+            if let Some(s) = self.slots.get_mut(&route.handle) {
+                s.retain(|&x| x != slot);
+                if s.is_empty() {
+                    self.slots.remove(&route.handle);
+                }
+            }
             let _ = route.tx.send(out);
             None
         } else {
@@ -161,7 +209,7 @@ fn serve<E: Executor>(
                     }
                     match core.add_request(handle.0, now(), *req) {
                         Ok(slot) => {
-                            routes.insert(slot, handle, out);
+                            routes.insert(slot, handle, 0, out);
                             // Live before the client hears of it, so that a waiter for idle
                             // never sees a stale zero; the zero comes only after the gauges
                             // of the iteration that ended the last request.
@@ -173,8 +221,12 @@ fn serve<E: Executor>(
                         }
                     }
                 }
-                Command::Finish { handle, reason } => {
-                    if let Some(&slot) = routes.slots.get(&handle) {
+                Command::Finish {
+                    handle,
+                    seq,
+                    reason,
+                } => {
+                    for slot in routes.slots_of(handle, seq) {
                         if let Some(up) = core.finish(slot, reason, now()) {
                             routes.deliver(up, None);
                         }

@@ -7,20 +7,26 @@ use cachet_engine::sim::{SimConfig, SimExecutor};
 fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]) -> u32 {
     let params = SamplingParams::greedy(1);
     let batch = ExecBatch {
+        copies: Vec::new(),
         loads: Vec::new(),
         seqs: vec![SeqChunk {
+            prompt_logprobs: None,
             slot: 0,
             tokens: &tokens[start..],
             start_pos: start,
             block_table: table,
             sample: Some(SampleSpec {
+                n: 1,
                 params: &params,
                 prompt: tokens,
                 output: &[],
             }),
         }],
     };
-    sim.execute(&batch).unwrap()[0].as_ref().unwrap().token
+    sim.execute(&batch).unwrap().sampled[0]
+        .as_ref()
+        .unwrap()
+        .token
 }
 
 #[test]

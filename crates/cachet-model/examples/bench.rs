@@ -24,16 +24,19 @@ struct Seq {
 fn step(e: &mut LlamaExecutor, seqs: &mut [Seq], params: &SamplingParams) {
     let out = {
         let batch = ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: seqs
                 .iter()
                 .enumerate()
                 .map(|(i, s)| SeqChunk {
+                    prompt_logprobs: None,
                     slot: i as u32,
                     tokens: &s.tokens[s.computed..],
                     start_pos: s.computed,
                     block_table: &s.table,
                     sample: Some(SampleSpec {
+                        n: 1,
                         params,
                         prompt: &s.tokens,
                         output: &[],
@@ -43,7 +46,7 @@ fn step(e: &mut LlamaExecutor, seqs: &mut [Seq], params: &SamplingParams) {
         };
         e.execute(&batch).expect("execute")
     };
-    for (s, o) in seqs.iter_mut().zip(out) {
+    for (s, o) in seqs.iter_mut().zip(out.sampled) {
         s.computed = s.tokens.len();
         s.tokens.push(o.map(|x| x.token).unwrap_or(0));
     }

@@ -25,13 +25,16 @@ fn main() {
     let table: Vec<u32> = (0..64).collect();
     let params = SamplingParams::default();
     let batch = ExecBatch {
+        copies: Vec::new(),
         loads: Vec::new(),
         seqs: vec![SeqChunk {
+            prompt_logprobs: None,
             slot: 0,
             tokens: &ids,
             start_pos: 0,
             block_table: &table,
             sample: Some(SampleSpec {
+                n: 1,
                 params: &params,
                 prompt: &ids,
                 output: &[],

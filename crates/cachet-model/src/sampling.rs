@@ -117,6 +117,23 @@ pub fn log_sum_exp(xs: &[f32]) -> f32 {
     m + s.ln() as f32
 }
 
+/// The log-probability of `token` under `logits`' distribution (unpenalised, untempered, as
+/// the model gives it), with the `top` most likely alternatives: a prompt token's logprob.
+pub fn token_logprob(logits: &[f32], token: TokenId, top: u32, s: &mut SamplerScratch) -> Sampled {
+    let lse = log_sum_exp(logits);
+    Sampled {
+        token,
+        logprob: logits
+            .get(token as usize)
+            .map_or(f32::NEG_INFINITY, |&l| l - lse),
+        top_logprobs: if top > 0 {
+            top_logprobs(logits, lse, top as usize, &mut s.cand)
+        } else {
+            Vec::new()
+        },
+    }
+}
+
 /// The `n` largest logits as `(id, logprob)`, best first, lowest id on ties.
 pub fn top_logprobs(
     logits: &[f32],

@@ -144,13 +144,16 @@ fn cachet_logits_along(
     let mut start = 0;
     for end in prompt.len()..total {
         let batch = ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![SeqChunk {
+                prompt_logprobs: None,
                 slot: 0,
                 tokens: &seq[start..end],
                 start_pos: start,
                 block_table: &table,
                 sample: Some(SampleSpec {
+                    n: 1,
                     params: &params,
                     prompt,
                     output: &[],

@@ -397,11 +397,13 @@ fn chunk<'a>(
     params: &'a SamplingParams,
 ) -> SeqChunk<'a> {
     SeqChunk {
+        prompt_logprobs: None,
         slot: 0,
         tokens,
         start_pos: start,
         block_table: table,
         sample: Some(SampleSpec {
+            n: 1,
             params,
             prompt: &[],
             output: &[],
@@ -419,6 +421,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let mut e = exec(c, kv);
     let got = e
         .execute_logits(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&p, 0, &table_a, &params)],
         })
@@ -432,6 +435,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     for n in [5, 7, 1, 6] {
         let got = e
             .execute_logits(&ExecBatch {
+                copies: Vec::new(),
                 loads: Vec::new(),
                 seqs: vec![chunk(&p[start..start + n], start, &table_a, &params)],
             })
@@ -458,6 +462,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let table_b: Vec<u32> = [0, 1, 2, 20, 21, 22].to_vec();
     let got = e
         .execute_logits(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&q[12..], 12, &table_b, &params)],
         })
@@ -480,12 +485,14 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let table_f: Vec<u32> = vec![40, 41, 42];
     let table_o: Vec<u32> = vec![50];
     let batch = ExecBatch {
+        copies: Vec::new(),
         loads: Vec::new(),
         seqs: vec![
             chunk(&a_next[19..], 19, &table_a, &params),
             chunk(&r[8..], 8, &table_r, &params),
             chunk(&fresh, 0, &table_f, &params),
             SeqChunk {
+                prompt_logprobs: None,
                 slot: 3,
                 tokens: &one,
                 start_pos: 0,
@@ -504,6 +511,7 @@ fn run_scenarios(c: &Case, kv: KvDtype) {
     let want_two = c.dense.forward(&two);
     let got = e
         .execute_logits(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&two[1..], 1, &table_o, &params)],
         })
@@ -590,6 +598,7 @@ fn invalid_batches_are_errors_not_panics() {
     let short = [0u32];
     assert!(
         e.execute(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&toks, 0, &short, &params)]
         })
@@ -599,6 +608,7 @@ fn invalid_batches_are_errors_not_panics() {
     let far = [1000u32, 1001];
     assert!(
         e.execute(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&toks, 0, &far, &params)]
         })
@@ -608,6 +618,7 @@ fn invalid_batches_are_errors_not_panics() {
     let bad = [VOCAB as u32];
     assert!(
         e.execute(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&bad, 0, &short, &params)]
         })
@@ -617,6 +628,7 @@ fn invalid_batches_are_errors_not_panics() {
     let empty: [u32; 0] = [];
     assert!(
         e.execute(&ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: vec![chunk(&empty, 0, &short, &params)]
         })
@@ -626,6 +638,7 @@ fn invalid_batches_are_errors_not_panics() {
     assert!(e
         .execute(&ExecBatch::default())
         .expect("empty batch")
+        .sampled
         .is_empty());
 }
 
@@ -686,4 +699,61 @@ fn thread_safety_of_public_types() {
     send_sync::<cachet_model::GgufTokenizer>();
     send_sync::<LoadedModel>();
     send_sync::<cachet_model::text::IncrementalDetokenizer>();
+}
+
+/// Prompt logprobs are the model's own: for every prompt token after the first, the logprob
+/// the executor returns equals the log-softmax, at that token, of the logits the same executor
+/// computes directly for the prefix before it — with the prompt split over two chunks.
+#[test]
+fn prompt_logprobs_are_the_models_own() {
+    use cachet_core::exec::PromptLogprobsSpec;
+    let c = case(GgmlDType::F32, false, 1e-3);
+    let params = SamplingParams::default();
+    let p = prompt(14, 7);
+    let table: Vec<u32> = (0..8).collect();
+    let mut e = exec(&c, KvDtype::F32);
+    let mut got = Vec::new();
+    for (start, end) in [(0usize, 9usize), (9, 14)] {
+        let mut ch = chunk(&p[start..end], start, &table, &params);
+        ch.prompt_logprobs = Some(PromptLogprobsSpec {
+            targets: &p[start + 1..(end + 1).min(p.len())],
+            top: 3,
+        });
+        if end < p.len() {
+            ch.sample = None;
+        }
+        let out = e
+            .execute(&ExecBatch {
+                copies: Vec::new(),
+                loads: Vec::new(),
+                seqs: vec![ch],
+            })
+            .expect("exec");
+        got.extend(out.prompt_logprobs.into_iter().flat_map(|(_, v)| v));
+    }
+    assert_eq!(got.len(), 13);
+    for (j, lp) in got.iter().enumerate() {
+        // Logits at position j, computed directly from the prefix p[..=j].
+        let mut fresh = exec(&c, KvDtype::F32);
+        let logits = fresh
+            .execute_logits(&ExecBatch {
+                copies: Vec::new(),
+                loads: Vec::new(),
+                seqs: vec![chunk(&p[..=j], 0, &table, &params)],
+            })
+            .expect("exec")
+            .remove(0);
+        let m = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + logits.iter().map(|&x| (x - m).exp()).sum::<f32>().ln();
+        let want = logits[p[j + 1] as usize] - lse;
+        assert_eq!(lp.token, p[j + 1]);
+        assert!(
+            (lp.logprob - want).abs() < 1e-4,
+            "token {}: {} vs {want}",
+            j + 1,
+            lp.logprob
+        );
+        assert_eq!(lp.top_logprobs.len(), 3);
+        assert!(lp.top_logprobs[0].1 >= lp.logprob - 1e-6);
+    }
 }

@@ -64,16 +64,19 @@ pub(super) fn step(
     let t0 = Instant::now();
     let out = {
         let batch = ExecBatch {
+            copies: Vec::new(),
             loads: Vec::new(),
             seqs: seqs
                 .iter()
                 .zip(chunks)
                 .map(|(s, c)| SeqChunk {
+                    prompt_logprobs: None,
                     slot: s.slot,
                     tokens: c,
                     start_pos: s.len,
                     block_table: &s.table,
                     sample: Some(SampleSpec {
+                        n: 1,
                         params,
                         prompt: &s.prompt,
                         output: &s.output,
@@ -84,7 +87,7 @@ pub(super) fn step(
         exec.execute(&batch)?
     };
     let dt = t0.elapsed().as_secs_f64();
-    for ((s, c), o) in seqs.iter_mut().zip(chunks).zip(out) {
+    for ((s, c), o) in seqs.iter_mut().zip(chunks).zip(out.sampled) {
         s.len += c.len();
         if let Some(o) = o {
             s.output.push(o.token);

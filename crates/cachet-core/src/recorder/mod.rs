@@ -564,6 +564,66 @@ impl Recorder {
                     },
                 );
             }
+            Effect::Forked {
+                parent,
+                child,
+                now,
+                kv,
+            } => {
+                // A sequence of its parent's request: no prompt of its own (the parent's stats
+                // cover it, computed once), its first token drawn now.
+                let Some(p) = self.record(parent) else {
+                    return;
+                };
+                let times = RequestTimes {
+                    arrival: p.times.arrival,
+                    first_scheduled: p.times.first_scheduled,
+                    first_token: Some(now),
+                    finished: None,
+                };
+                let rec = Record {
+                    finalized: true,
+                    handle: p.handle,
+                    label: p.label.clone(),
+                    session_id: None,
+                    prompt_len: 0,
+                    max_tokens: p.max_tokens,
+                    times,
+                    stats: PrefillStats::default(),
+                    admitted: false,
+                    settled: true,
+                    creation_floor: 0,
+                    num_preemptions: 0,
+                    lookup: None,
+                    retained: 0,
+                    session_base: SessionTotals::default(),
+                    external: ExternalSources::default(),
+                    cache_salt: p.cache_salt.clone(),
+                    adapter: p.adapter.clone(),
+                };
+                let i = child as usize;
+                if self.records.len() <= i {
+                    self.records.resize_with(i + 1, || None);
+                    self.last_token.resize(i + 1, 0.0);
+                }
+                self.records[i] = Some(rec);
+                self.last_token[i] = now;
+                self.totals.generation_tokens += 1;
+                self.totals.blocks_allocated += kv.allocated as u64;
+                self.totals.blocks_evicted += kv.evicted.len() as u64;
+                self.samples.ttft_s.push((now - times.arrival).max(0.0));
+                self.removed(child, kv);
+                self.push_report(
+                    child,
+                    Report {
+                        prefill_stats: None,
+                        external: ExternalSources::default(),
+                        times,
+                        session: None,
+                        finished: None,
+                    },
+                );
+            }
             Effect::SessionReleased { session_id } => {
                 self.sessions.remove(session_id);
             }

@@ -114,6 +114,21 @@ impl Arena {
         }
     }
 
+    /// Copy block `src`'s KV (every layer, K and V) into block `dst`.
+    pub(crate) fn copy_block(&mut self, src: BlockId, dst: BlockId, block_elems: usize) {
+        fn copy<T: KvStore>(layers: &mut [LayerKv<T>], s: usize, d: usize, n: usize) {
+            for l in layers {
+                l.k.copy_within(s..s + n, d);
+                l.v.copy_within(s..s + n, d);
+            }
+        }
+        let (s, d) = (src as usize * block_elems, dst as usize * block_elems);
+        match self {
+            Arena::F32(l) => copy(l, s, d, block_elems),
+            Arena::F16(l) => copy(l, s, d, block_elems),
+        }
+    }
+
     /// Overwrite block `block` with bytes written by [`Arena::save_block`].
     pub(crate) fn load_block(
         &mut self,

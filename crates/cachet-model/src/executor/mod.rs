@@ -16,7 +16,7 @@ mod forward;
 
 use std::sync::Arc;
 
-use cachet_core::{BlockId, ExecBatch, ExecError, Executor, Sampled, TokenId};
+use cachet_core::{BlockId, ExecBatch, ExecError, ExecOutput, Executor, TokenId};
 use cachet_kernels::ThreadPool;
 
 use crate::gguf::LlamaWeights;
@@ -363,7 +363,11 @@ impl LlamaExecutor {
                 s.pos.push(p);
                 s.slot.push(seq.block_table[p / bs] as usize * bs + p % bs);
             }
-            if seq.sample.is_some() {
+            if seq.prompt_logprobs.is_some() {
+                // Prompt logprobs need every row's logits (the last doubles as the sample row).
+                let end = s.pos.len();
+                s.sample_rows.extend(end - seq.tokens.len()..end);
+            } else if seq.sample.is_some() {
                 s.sample_rows.push(s.pos.len() - 1);
             }
             let n = seq.tokens.len();
@@ -434,28 +438,75 @@ impl Executor for LlamaExecutor {
         Ok(())
     }
 
-    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<Vec<Option<Sampled>>, ExecError> {
+    fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError> {
+        let block_elems = self.block_elems();
+        for &(src, dst) in &batch.copies {
+            if src as usize >= self.cfg.num_blocks || dst as usize >= self.cfg.num_blocks {
+                return Err(ExecError::Failed(format!(
+                    "block copy {src} -> {dst} outside the arena ({})",
+                    self.cfg.num_blocks
+                )));
+            }
+            self.arena.copy_block(src, dst, block_elems);
+        }
         self.forward(batch)?;
         self.s.prof.start();
         let v = self.w.config.vocab_size;
-        let mut out = Vec::with_capacity(batch.seqs.len());
+        let mut out = ExecOutput::default();
+        out.sampled.reserve(batch.seqs.len());
+        // The lm_head rows: a prompt-logprobs chunk has one per token, a sampled chunk one.
         let mut row = 0;
-        for seq in &batch.seqs {
-            match &seq.sample {
-                Some(spec) => {
+        for (si, seq) in batch.seqs.iter().enumerate() {
+            if let Some(lp) = &seq.prompt_logprobs {
+                let rows = seq.tokens.len();
+                let mut v_out = Vec::with_capacity(lp.targets.len());
+                for (j, &t) in lp.targets.iter().enumerate().take(rows) {
+                    let logits = &self.s.logits[(row + j) * v..(row + j + 1) * v];
+                    v_out.push(sampling::token_logprob(
+                        logits,
+                        t,
+                        lp.top,
+                        &mut self.sampler,
+                    ));
+                }
+                out.prompt_logprobs.push((si, v_out));
+                row += rows;
+            } else if seq.sample.is_some() {
+                row += 1;
+            }
+            let Some(spec) = &seq.sample else {
+                out.sampled.push(None);
+                continue;
+            };
+            let logits_row = row - 1;
+            let logits = &self.s.logits[logits_row * v..(logits_row + 1) * v];
+            self.rng = sampling::splitmix64(self.rng);
+            let inp = SampleInput {
+                params: spec.params,
+                prompt: spec.prompt,
+                output: spec.output,
+                eos_token_ids: &self.eos,
+                fallback_seed: self.rng,
+            };
+            out.sampled
+                .push(Some(sampling::sample(logits, &inp, &mut self.sampler)));
+            if spec.n > 1 {
+                // Further draws for the request's other sequences, each with its own seed.
+                let mut draws = Vec::with_capacity(spec.n as usize - 1);
+                for i in 1..spec.n {
+                    let mut params = spec.params.clone();
+                    params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
                     self.rng = sampling::splitmix64(self.rng);
                     let inp = SampleInput {
-                        params: spec.params,
+                        params: &params,
                         prompt: spec.prompt,
                         output: spec.output,
                         eos_token_ids: &self.eos,
                         fallback_seed: self.rng,
                     };
-                    let logits = &self.s.logits[row * v..(row + 1) * v];
-                    out.push(Some(sampling::sample(logits, &inp, &mut self.sampler)));
-                    row += 1;
+                    draws.push(sampling::sample(logits, &inp, &mut self.sampler));
                 }
-                None => out.push(None),
+                out.forks.push((si, draws));
             }
         }
         self.s.prof.mark(7);

@@ -83,11 +83,13 @@ pub fn step(
         for (i, r) in reqs.iter().enumerate() {
             let done = starts[i] + toks[i].len() == r.prompt.len() + r.output.len();
             batch.seqs.push(SeqChunk {
+                prompt_logprobs: None,
                 slot: i as u32,
                 tokens: &toks[i],
                 start_pos: starts[i],
                 block_table: &r.blocks,
                 sample: done.then_some(SampleSpec {
+                    n: 1,
                     params: &r.params,
                     prompt: &r.prompt,
                     output: &r.output,
@@ -99,7 +101,7 @@ pub fn step(
     let mut res = Vec::new();
     for (i, r) in reqs.iter_mut().enumerate() {
         r.computed += toks[i].len();
-        match &out[i] {
+        match &out.sampled[i] {
             Some(s) => {
                 r.output.push(s.token);
                 res.push(Some(s.token));
