@@ -9,20 +9,24 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cachet_core::RequestDraft;
-use cachet_text::{ChatMessage, Role};
+use cachet_text::{ChatMessage, Role, ToolCall, ToolEvent, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::body::read_json;
 use crate::error::{AnthropicError, ApiError};
+use crate::fields::{check_rest, Route};
 use crate::generate::{
     check_session_id, response_id, Final, GenEvent, Generation, StopKind, REQUEST_ID_HEADER,
 };
 use crate::sampling::{build_sampling, check_cache_salt, Api, SamplingInput};
+use crate::tools::{anthropic_tool_choice, anthropic_tools, AnthropicTool, ToolPlan};
 use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json, session_json};
 use crate::AppState;
 
-/// A content block; only text blocks are accepted (`cache_control` is accepted and ignored).
+/// A content block: `text`, `tool_use` (assistant), `tool_result` (user); `cache_control` is
+/// accepted and meaningless (prefix caching is automatic); `thinking` blocks in the history are
+/// dropped (cachet never returns one); anything else is a 400 naming its type.
 #[derive(Clone, Debug, Deserialize)]
 pub struct Block {
     #[serde(rename = "type")]
@@ -31,6 +35,18 @@ pub struct Block {
     pub text: Option<String>,
     #[serde(default)]
     pub cache_control: Option<Value>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub is_error: Option<bool>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -51,8 +67,8 @@ impl Content {
                         return Err(ApiError::bad_param(
                             param,
                             format!(
-                                "Unsupported content block type `{}`: only `text` is supported.",
-                                b.kind
+                                "Unsupported content block type `{}` here: only `text` is supported.",
+                                crate::error::clip(&b.kind)
                             ),
                         ));
                     }
@@ -104,10 +120,239 @@ pub struct MessagesRequest {
     /// Resumable session (cachet extension; the SDK sends it via `extra_body`).
     #[serde(default)]
     pub session_id: Option<String>,
+    #[serde(default)]
+    pub tools: Option<Vec<AnthropicTool>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// `{"format": {"type": "json_schema", "schema"}, "effort"}`.
+    #[serde(default)]
+    pub output_config: Option<Value>,
+    /// The earlier name of `output_config.format`.
+    #[serde(default)]
+    pub output_format: Option<Value>,
+    /// Every other field: checked against the field table ([`crate::fields`]).
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
 }
 
-fn stop_reason(f: &Final) -> (&'static str, Value) {
+/// `/v1/messages/count_tokens`: the request without `max_tokens`.
+#[derive(Clone, Debug, Deserialize)]
+pub struct CountTokensRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub messages: Vec<MessageIn>,
+    #[serde(default)]
+    pub system: Option<Content>,
+    #[serde(default)]
+    pub tools: Option<Vec<AnthropicTool>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
+}
+
+/// The conversation as chat messages: the system prompt (less Claude Code's billing line
+/// unless kept; returns whether it was removed), tool_use blocks as assistant tool calls,
+/// tool_result blocks as tool messages.
+fn to_chat(
+    system: Option<&Content>,
+    messages: &[MessageIn],
+    keep_billing: bool,
+) -> Result<(Vec<ChatMessage>, bool), ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::bad_param(
+            "messages",
+            "`messages` must contain at least one message.",
+        ));
+    }
+    let mut chat = Vec::with_capacity(messages.len() + 1);
+    let mut removed = false;
+    if let Some(system) = system {
+        // Checks the blocks are text blocks.
+        system.to_text("system")?;
+        let mut parts: Vec<String> = match system {
+            Content::Text(s) => vec![s.clone()],
+            Content::Blocks(bs) => bs.iter().filter_map(|b| b.text.clone()).collect(),
+        };
+        if !keep_billing {
+            if let Some(first) = parts.first_mut() {
+                if let Some(rest) = crate::nonce::strip(first) {
+                    *first = rest;
+                    removed = true;
+                }
+            }
+            parts.retain(|p| !p.is_empty() || !removed);
+        }
+        let s = parts.concat();
+        if !s.is_empty() {
+            chat.push(ChatMessage::new(Role::System, s));
+        }
+    }
+    for m in messages {
+        let role = match m.role.as_str() {
+            "user" => Role::User,
+            "assistant" => Role::Assistant,
+            other => {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    format!(
+                        "Unexpected role `{}`: use `user` or `assistant`.",
+                        crate::error::clip(other)
+                    ),
+                ))
+            }
+        };
+        let blocks = match &m.content {
+            Content::Text(s) => {
+                chat.push(ChatMessage::new(role, s.clone()));
+                continue;
+            }
+            Content::Blocks(b) => b,
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        for b in blocks {
+            match (b.kind.as_str(), role) {
+                ("text", _) => text.push_str(b.text.as_deref().unwrap_or_default()),
+                ("tool_use", Role::Assistant) => {
+                    let (Some(id), Some(name)) = (&b.id, &b.name) else {
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            "A `tool_use` block needs `id` and `name`.",
+                        ));
+                    };
+                    let input = b.input.clone().unwrap_or_else(|| json!({}));
+                    calls.push(ToolCall::function(
+                        id.clone(),
+                        name.clone(),
+                        input.to_string(),
+                    ));
+                }
+                ("tool_result", Role::User) => {
+                    // Text before a result stays a user turn of its own.
+                    if !text.is_empty() {
+                        chat.push(ChatMessage::user(std::mem::take(&mut text)));
+                    }
+                    let Some(id) = &b.tool_use_id else {
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            "A `tool_result` block needs `tool_use_id`.",
+                        ));
+                    };
+                    let mut content = match &b.content {
+                        Some(c) => c.to_text("messages")?,
+                        None => String::new(),
+                    };
+                    if b.is_error == Some(true) {
+                        content = format!("Error: {content}");
+                    }
+                    chat.push(ChatMessage::tool(id.clone(), content));
+                }
+                ("thinking" | "redacted_thinking", Role::Assistant) => {}
+                (kind, _) => {
+                    return Err(ApiError::bad_param(
+                        "messages",
+                        format!(
+                            "Unsupported content block type `{}` in a {} message.",
+                            crate::error::clip(kind),
+                            m.role
+                        ),
+                    ))
+                }
+            }
+        }
+        if !calls.is_empty() {
+            chat.push(ChatMessage::assistant_tool_calls(text, calls));
+        } else if !text.is_empty() || !matches!(chat.last(), Some(l) if l.role == Role::Tool) {
+            chat.push(ChatMessage::new(role, text));
+        }
+    }
+    Ok((chat, removed))
+}
+
+/// The rendered prompt of a Messages request and the tool plan; whether the billing line was
+/// removed.
+fn prompt_of(
+    state: &AppState,
+    system: Option<&Content>,
+    messages: &[MessageIn],
+    tools: Option<Vec<AnthropicTool>>,
+    tool_choice: Option<&Value>,
+) -> Result<(Vec<u32>, ToolPlan, bool), ApiError> {
+    let agent = state.agent();
+    let (chat, removed) = to_chat(system, messages, agent.keep_billing_header)?;
+    let tools = anthropic_tools(tools)?;
+    let (choice, parallel) = anthropic_tool_choice(tool_choice, &tools)?;
+    let plan = ToolPlan {
+        tools,
+        choice,
+        parallel,
+        format: agent.format,
+    };
+    let chat = plan.messages_for(agent.caps, chat);
+    let values = plan.tool_values();
+    let mut tr = cachet_text::ChatRequest::new(&chat, true);
+    if plan.template_tools(agent.caps) {
+        tr = tr.with_tools(&values);
+    }
+    let tok = state.tokenizer();
+    let rendered = tok.render_chat(&tr).map_err(|e| {
+        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
+    })?;
+    let prompt = tok
+        .encode(&rendered, false)
+        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+    Ok((prompt, plan, removed))
+}
+
+/// `output_config.format` / `output_format`: `{"type": "json_schema", "schema"}`.
+fn output_schema(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
+    let (param, f) = match (
+        req.output_config.as_ref().and_then(|c| c.get("format")),
+        req.output_format.as_ref(),
+    ) {
+        (Some(f), _) if !f.is_null() => ("output_config", f),
+        (_, Some(f)) if !f.is_null() => ("output_format", f),
+        _ => return Ok(None),
+    };
+    match (f.get("type").and_then(Value::as_str), f.get("schema")) {
+        (Some("json_schema"), Some(s)) if s.is_object() => Ok(Some(s.clone())),
+        _ => Err(ApiError::bad_param(
+            param,
+            "The output format must be {\"type\": \"json_schema\", \"schema\": {...}}.",
+        )),
+    }
+}
+
+/// `POST /v1/messages/count_tokens`: `{"input_tokens"}`, the prompt `/v1/messages` would run
+/// for the same body (tools and all).
+pub async fn count_tokens(
+    State(state): State<AppState>,
+    body: Body,
+) -> Result<Response, AnthropicError> {
+    let req: CountTokensRequest = read_json(body, state.max_body_bytes()).await?;
+    state.check_model(req.model.as_deref())?;
+    // Fields of /v1/messages that do not change the prompt are accepted here too.
+    let mut rest = req.rest.clone();
+    rest.retain(|k, _| {
+        !crate::fields::MESSAGES
+            .iter()
+            .any(|f| f.name == k && matches!(f.use_, crate::fields::Use::Yes(_)))
+    });
+    check_rest(Route::Messages, &rest)?;
+    let (prompt, _, _) = prompt_of(
+        &state,
+        req.system.as_ref(),
+        &req.messages,
+        req.tools.clone(),
+        req.tool_choice.as_ref(),
+    )?;
+    Ok(Json(json!({"input_tokens": prompt.len()})).into_response())
+}
+
+fn stop_reason(f: &Final, called: bool) -> (&'static str, Value) {
     match &f.stop {
+        StopKind::Eos if called => ("tool_use", Value::Null),
         StopKind::Eos | StopKind::Abort | StopKind::Error => ("end_turn", Value::Null),
         StopKind::Length => ("max_tokens", Value::Null),
         StopKind::StopString(s) => ("stop_sequence", json!(s)),
@@ -125,42 +370,15 @@ pub async fn messages(
 ) -> Result<Response, AnthropicError> {
     let req: MessagesRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.model.as_deref())?;
-    if req.messages.is_empty() {
-        return Err(ApiError::bad_param(
-            "messages",
-            "`messages` must contain at least one message.",
-        )
-        .into());
-    }
-    let mut chat = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = &req.system {
-        let s = system.to_text("system")?;
-        if !s.is_empty() {
-            chat.push(ChatMessage::new(Role::System, s));
-        }
-    }
-    for m in &req.messages {
-        if m.role != "user" && m.role != "assistant" {
-            return Err(ApiError::bad_param(
-                "messages",
-                format!("Unexpected role `{}`: use `user` or `assistant`.", m.role),
-            )
-            .into());
-        }
-        let role = if m.role == "user" {
-            Role::User
-        } else {
-            Role::Assistant
-        };
-        chat.push(ChatMessage::new(role, m.content.to_text("messages")?));
-    }
-    let tok = state.tokenizer().clone();
-    let rendered = tok.apply_chat_template(&chat, true).map_err(|e| {
-        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
-    })?;
-    let prompt = tok
-        .encode(&rendered, false)
-        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+    check_rest(Route::Messages, &req.rest)?;
+    let (prompt, plan, billing_removed) = prompt_of(
+        &state,
+        req.system.as_ref(),
+        &req.messages,
+        req.tools.clone(),
+        req.tool_choice.as_ref(),
+    )?;
+    let answer_schema = output_schema(&req)?;
     let input = SamplingInput {
         max_tokens: Some(req.max_tokens),
         temperature: req.temperature,
@@ -175,15 +393,30 @@ pub async fn messages(
     draft.max_tokens = max_tokens;
     draft.cache_salt = req.cache_salt.clone();
     draft.session_id = req.session_id.as_deref().map(std::sync::Arc::from);
-    let mut gen = Generation::start(
+    let tok = state.tokenizer();
+    let grammar = match plan.grammar(tok.as_ref(), answer_schema.as_ref()) {
+        Some(lark) => Some((cachet_grammar::Grammar::Lark(lark), "tools")),
+        None => answer_schema
+            .clone()
+            .map(|s| (cachet_grammar::Grammar::JsonSchema(s), "output_config")),
+    };
+    if let Some((g, param)) = grammar {
+        draft.sampling.constraint =
+            Some(crate::structured::compile(&state.agent().grammar, tok, g, param).await?);
+    }
+    let parse = plan.parse_format();
+    let skip_special = !(parse.is_some() && state.agent().markers_special);
+    let mut gen = Generation::start_with(
         &state,
         draft,
         req.stop_sequences.clone().unwrap_or_default(),
+        skip_special,
     )
     .await?;
     let id = gen.request_id().to_string();
+    let tools = (parse, plan.parallel);
     let mut resp = if req.stream.unwrap_or(false) {
-        Sse::new(stream_events(state, gen, model)).into_response()
+        Sse::new(stream_events(state, gen, model, tools, billing_removed)).into_response()
     } else {
         let mut text = String::new();
         let mut fin = None;
@@ -201,13 +434,30 @@ pub async fn messages(
             }
             return Ok(resp);
         }
-        let (reason, seq) = stop_reason(&fin);
+        let (content_text, mut calls) = match parse {
+            Some(f) => cachet_text::parse_tool_calls(f, &text),
+            None => (text, Vec::new()),
+        };
+        if !plan.parallel {
+            calls.truncate(1);
+        }
+        let mut content = Vec::new();
+        if !content_text.is_empty() || calls.is_empty() {
+            content.push(json!({"type": "text", "text": content_text}));
+        }
+        for c in &calls {
+            content.push(json!({
+                "type": "tool_use", "id": crate::tools::new_tool_use_id(), "name": c.name,
+                "input": tool_input(&c.arguments),
+            }));
+        }
+        let (reason, seq) = stop_reason(&fin, !calls.is_empty());
         let mut body = json!({
             "id": id,
             "type": "message",
             "role": "assistant",
             "model": model,
-            "content": [{"type": "text", "text": text}],
+            "content": content,
             "stop_reason": reason,
             "stop_sequence": seq,
             "usage": anthropic_usage(&fin),
@@ -216,7 +466,7 @@ pub async fn messages(
             body["session"] = session_json(s);
         }
         if state.per_request_metrics() {
-            body["metrics"] = request_metrics_json(&fin);
+            body["metrics"] = metrics_json(&fin, billing_removed);
         }
         Json(body).into_response()
     };
@@ -224,6 +474,21 @@ pub async fn messages(
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     Ok(resp)
+}
+
+/// The per-request metrics, saying when Claude Code's billing line was removed.
+fn metrics_json(fin: &Final, billing_removed: bool) -> Value {
+    let mut m = request_metrics_json(fin);
+    m["billing_header_removed"] = json!(billing_removed);
+    m
+}
+
+/// A call's arguments as a `tool_use` input object (`{}` when they are not a JSON object).
+fn tool_input(args: &str) -> Value {
+    match serde_json::from_str::<Value>(args) {
+        Ok(v @ Value::Object(_)) => v,
+        _ => json!({}),
+    }
 }
 
 fn aborted(gen: &Generation) -> Final {
@@ -237,10 +502,79 @@ fn aborted(gen: &Generation) -> Final {
     }
 }
 
+/// Content blocks of a streamed answer, opened as they come: text, then tool_use blocks.
+struct Blocks {
+    parser: Option<cachet_text::ToolCallParser>,
+    parallel: bool,
+    /// Index of the open block and whether it is text.
+    open: Option<(usize, bool)>,
+    next: usize,
+    called: bool,
+}
+
+impl Blocks {
+    fn events(&mut self, text: Option<&str>) -> Vec<(&'static str, Value)> {
+        let evs = match (&mut self.parser, text) {
+            (Some(p), Some(t)) => p.push(t),
+            (Some(p), None) => p.finish(),
+            (None, Some(t)) if !t.is_empty() => vec![ToolEvent::Content(t.to_string())],
+            (None, _) => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for e in evs {
+            match e {
+                ToolEvent::Content(t) => {
+                    if !matches!(self.open, Some((_, true))) {
+                        self.close(&mut out);
+                        let i = self.next;
+                        self.next += 1;
+                        self.open = Some((i, true));
+                        out.push(("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})));
+                    }
+                    let i = self.open.map_or(0, |o| o.0);
+                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}})));
+                }
+                ToolEvent::Start { index, name } => {
+                    if index > 0 && !self.parallel {
+                        continue;
+                    }
+                    self.close(&mut out);
+                    self.called = true;
+                    let i = self.next;
+                    self.next += 1;
+                    self.open = Some((i, false));
+                    out.push(("content_block_start", json!({"type": "content_block_start", "index": i,
+                        "content_block": {"type": "tool_use", "id": crate::tools::new_tool_use_id(), "name": name, "input": {}}})));
+                }
+                ToolEvent::Arguments { index, text } => {
+                    if index > 0 && !self.parallel {
+                        continue;
+                    }
+                    let i = self.open.map_or(0, |o| o.0);
+                    out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": text}})));
+                }
+                ToolEvent::End { .. } => self.close(&mut out),
+            }
+        }
+        out
+    }
+
+    fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
+        if let Some((i, _)) = self.open.take() {
+            out.push((
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": i}),
+            ));
+        }
+    }
+}
+
 fn stream_events(
     state: AppState,
     mut gen: Generation,
     model: String,
+    tools: (Option<ToolFormat>, bool),
+    billing_removed: bool,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     async_stream::stream! {
         let id = gen.request_id().to_string();
@@ -258,15 +592,27 @@ fn stream_events(
             start["message"]["session"] = session_json(s);
         }
         yield event("message_start", &start);
-        yield event("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+        let mut blocks = Blocks {
+            parser: tools.0.map(cachet_text::ToolCallParser::new),
+            parallel: tools.1,
+            open: None,
+            next: 0,
+            called: false,
+        };
+        if blocks.parser.is_none() {
+            // Plain text: the one text block opens at once, as before.
+            for (name, v) in blocks.events(Some(" ")).into_iter().take(1) {
+                yield event(name, &v);
+            }
+        }
         yield event("ping", &json!({"type": "ping"}));
         let mut fin = None;
         let mut next = first;
         while let Some(ev) = next {
             match ev {
                 GenEvent::Delta(d) => {
-                    if !d.text.is_empty() {
-                        yield event("content_block_delta", &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": d.text}}));
+                    for (name, v) in blocks.events(Some(&d.text)) {
+                        yield event(name, &v);
                     }
                 }
                 GenEvent::Done(f) => fin = Some(f),
@@ -279,8 +625,18 @@ fn stream_events(
             yield event("error", &ApiError::Internal(e.to_string()).anthropic_body());
             return;
         }
-        yield event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
-        let (reason, seq) = stop_reason(&fin);
+        let mut tail = blocks.events(None);
+        if blocks.next == 0 {
+            // Nothing at all was written: one empty text block.
+            tail.push(("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+            blocks.open = Some((0, true));
+            blocks.next = 1;
+        }
+        blocks.close(&mut tail);
+        for (name, v) in tail {
+            yield event(name, &v);
+        }
+        let (reason, seq) = stop_reason(&fin, blocks.called);
         let mut delta = json!({
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": seq},
@@ -290,7 +646,7 @@ fn stream_events(
             delta["session"] = session_json(s);
         }
         if state.per_request_metrics() {
-            delta["metrics"] = request_metrics_json(&fin);
+            delta["metrics"] = metrics_json(&fin, billing_removed);
         }
         yield event("message_delta", &delta);
         yield event("message_stop", &json!({"type": "message_stop"}));

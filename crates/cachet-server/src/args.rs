@@ -56,6 +56,14 @@ pub struct ServerArgs {
     /// preflights are refused, and a cross-origin POST or DELETE gets 403.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub allowed_origins: Vec<String>,
+    /// How tool calls are written in model output: hermes, llama3_json, mistral, generic, or
+    /// auto (from what the chat template renders; generic when it renders no tool calls).
+    #[arg(long)]
+    pub tool_call_parser: Option<String>,
+    /// Keep Claude Code's per-request billing line (`x-anthropic-billing-header: ...; cch=...`)
+    /// in the prompt. By default it is removed: its nonce defeats prefix caching.
+    #[arg(long)]
+    pub keep_billing_header: bool,
 }
 
 impl Default for ServerArgs {
@@ -73,6 +81,8 @@ impl Default for ServerArgs {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT_S,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allowed_origins: Vec::new(),
+            tool_call_parser: None,
+            keep_billing_header: false,
         }
     }
 }

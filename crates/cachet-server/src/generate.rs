@@ -92,6 +92,9 @@ pub struct Generation {
     stream: RequestStream,
     request_id: String,
     detok: IncrementalDetokenizer,
+    /// With special tokens kept (tool-call markers that are control tokens): the ids that end
+    /// the request (EOS, stop tokens), never text.
+    drop_ids: Option<Vec<u32>>,
     stop: StopMatcher,
     want_tokens: bool,
     prompt_len: usize,
@@ -150,6 +153,22 @@ impl Generation {
         draft: RequestDraft,
         stop: Vec<String>,
     ) -> Result<Self, ApiError> {
+        Self::start_with(state, draft, stop, true).await
+    }
+
+    /// [`Generation::start`] with the choice of dropping special tokens from the text
+    /// (`skip_special_tokens`); when they are kept, EOS and stop tokens still never become text.
+    pub async fn start_with(
+        state: &AppState,
+        draft: RequestDraft,
+        stop: Vec<String>,
+        skip_special_tokens: bool,
+    ) -> Result<Self, ApiError> {
+        let drop_ids = (!skip_special_tokens).then(|| {
+            let mut v = state.tokenizer().eos_token_ids().to_vec();
+            v.extend_from_slice(&draft.sampling.stop_token_ids);
+            v
+        });
         let want_tokens = draft.sampling.logprobs.is_some();
         let prompt_len = draft.prompt.len();
         let request_id = draft.label.to_string();
@@ -163,7 +182,8 @@ impl Generation {
             state: state.clone(),
             stream,
             request_id,
-            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer()), true),
+            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer()), skip_special_tokens),
+            drop_ids,
             stop,
             want_tokens,
             prompt_len,
@@ -227,7 +247,12 @@ impl Generation {
                     self.tokens_received += out.tokens.len() as u64;
                     let mut delta = Delta::default();
                     if self.stop_hit.is_none() {
-                        let ids: Vec<u32> = out.tokens.iter().map(|s| s.token).collect();
+                        let ids: Vec<u32> = out
+                            .tokens
+                            .iter()
+                            .map(|s| s.token)
+                            .filter(|t| !self.drop_ids.as_ref().is_some_and(|d| d.contains(t)))
+                            .collect();
                         let text = self.detok.push(&ids).unwrap_or_default();
                         let outcome = self.stop.push(&text);
                         delta.text = outcome.emit;

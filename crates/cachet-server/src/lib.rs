@@ -21,6 +21,7 @@
 //! serve, graceful shutdown, exit when the engine dies), [`MetricsHandle`] (registry + stat
 //! logger for the engine).
 
+pub mod agent;
 pub mod anthropic;
 mod args;
 mod auth;
@@ -39,6 +40,10 @@ mod process;
 pub mod sampling;
 pub mod tier_metrics;
 mod usage;
+pub mod fields;
+pub mod nonce;
+pub mod structured;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -63,6 +68,7 @@ use generate::REQUEST_ID_HEADER;
 struct StateInner {
     engine: EngineHandle,
     tokenizer: Arc<dyn TextTokenizer>,
+    agent: agent::Agent,
     metrics: MetricsHandle,
     model_names: Vec<String>,
     api_key: Option<String>,
@@ -85,6 +91,11 @@ impl AppState {
         metrics: MetricsHandle,
         args: &ServerArgs,
     ) -> Self {
+        let agent = agent::Agent::new(
+            tokenizer.as_ref(),
+            args.tool_call_parser.as_deref(),
+            args.keep_billing_header,
+        );
         let model_names = if args.served_model_name.is_empty() {
             vec![engine.model().name.clone()]
         } else {
@@ -94,6 +105,7 @@ impl AppState {
             inner: Arc::new(StateInner {
                 engine,
                 tokenizer,
+                agent,
                 metrics,
                 model_names,
                 api_key: args.api_key.clone().filter(|k| !k.is_empty()),
@@ -114,6 +126,11 @@ impl AppState {
 
     pub fn tokenizer(&self) -> &Arc<dyn TextTokenizer> {
         &self.inner.tokenizer
+    }
+
+    /// Tool-call format, template capabilities, grammar compiler.
+    pub fn agent(&self) -> &agent::Agent {
+        &self.inner.agent
     }
 
     pub fn model_names(&self) -> &[String] {
@@ -173,6 +190,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(misc::models))
         .route("/v1/sessions/{id}", delete(misc::delete_session))
         .route("/reset_prefix_cache", post(misc::reset_prefix_cache))

@@ -9,76 +9,29 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cachet_core::{RequestDraft, Sampled};
-use cachet_text::{ChatMessage, Role, TextTokenizer};
+use cachet_text::{
+    ChatMessage, ChatRequest as TemplateRequest, TextTokenizer, ToolEvent, ToolFormat,
+};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::body::read_json;
 use crate::error::{ApiError, OpenAiError};
+use crate::fields::{check_rest, Route};
 use crate::generate::{
     check_session_id, response_id, Delta, Final, GenEvent, Generation, REQUEST_ID_HEADER,
 };
 use crate::sampling::{build_sampling, check_cache_salt, Api, SamplingInput, StopField};
+use crate::structured::{parse_response_format, Guided};
+use crate::tools::{openai_tool_choice, openai_tools, OpenAiTool, ToolPlan};
 use crate::usage::{openai_usage, request_metrics_json, session_json};
 use crate::AppState;
 
-/// A message's content: a string or a list of `{type: "text", text}` parts.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum MessageContent {
-    Text(String),
-    Parts(Vec<ContentPart>),
-}
+/// One message of `messages`: cachet-text's [`ChatMessage`] (roles, text parts, `name`,
+/// `tool_calls`, `tool_call_id`).
+pub type ChatMessageIn = ChatMessage;
 
-#[derive(Clone, Debug, Deserialize)]
-pub struct ContentPart {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub text: Option<String>,
-}
-
-impl MessageContent {
-    /// Joins the text parts; any other part type is rejected.
-    pub fn to_text(&self, param: &str) -> Result<String, ApiError> {
-        match self {
-            MessageContent::Text(s) => Ok(s.clone()),
-            MessageContent::Parts(parts) => {
-                let mut out = String::new();
-                for p in parts {
-                    if p.kind != "text" {
-                        return Err(ApiError::bad_param(
-                            param,
-                            format!(
-                                "Unsupported content part type `{}`: only `text` is supported.",
-                                p.kind
-                            ),
-                        ));
-                    }
-                    match &p.text {
-                        Some(t) => out.push_str(t),
-                        None => {
-                            return Err(ApiError::bad_param(
-                                param,
-                                "A `text` content part needs a `text` field.",
-                            ))
-                        }
-                    }
-                }
-                Ok(out)
-            }
-        }
-    }
-}
-
-#[derive(Clone, Debug, Deserialize)]
-pub struct ChatMessageIn {
-    pub role: String,
-    #[serde(default)]
-    pub content: Option<MessageContent>,
-}
-
-/// Renders OpenAI messages into engine chat messages.
+/// Checks the conversation: at least one message, each valid for its role.
 pub fn convert_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_param(
@@ -86,19 +39,11 @@ pub fn convert_messages(messages: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, 
             "`messages` must contain at least one message.",
         ));
     }
-    messages
-        .iter()
-        .map(|m| {
-            let content = match &m.content {
-                Some(c) => c.to_text("messages")?,
-                None => String::new(),
-            };
-            let role: Role = m.role.parse().map_err(|e: cachet_text::MessageError| {
-                ApiError::bad_param("messages", e.to_string())
-            })?;
-            Ok(ChatMessage::new(role, content))
-        })
-        .collect()
+    for (i, m) in messages.iter().enumerate() {
+        m.validate()
+            .map_err(|e| ApiError::bad_param("messages", format!("Message {i}: {e}.")))?;
+    }
+    Ok(messages.to_vec())
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -150,11 +95,28 @@ pub struct CommonParams {
     pub user: Option<String>,
     #[serde(default)]
     pub priority: Option<i32>,
+    #[serde(default)]
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// vLLM's `skip_special_tokens` (default true).
+    #[serde(default)]
+    pub skip_special_tokens: Option<bool>,
+    /// vLLM's guided decoding (see [`Guided`]; not flattened: a flattened struct inside a
+    /// flattened struct would hide every field from the unknown-field check).
+    #[serde(default)]
+    pub guided_json: Option<Value>,
+    #[serde(default)]
+    pub guided_regex: Option<String>,
+    #[serde(default)]
+    pub guided_choice: Option<Vec<String>>,
+    #[serde(default)]
+    pub guided_grammar: Option<String>,
 }
 
 impl CommonParams {
     fn sampling_input(&self, max_tokens: Option<u32>, logprobs: Option<u32>) -> SamplingInput {
         SamplingInput {
+            logit_bias: self.logit_bias.clone(),
+            vocab_size: 0,
             max_tokens,
             temperature: self.temperature,
             top_p: self.top_p,
@@ -193,6 +155,15 @@ impl CommonParams {
         Ok(d)
     }
 
+    fn guided(&self) -> Guided {
+        Guided {
+            guided_json: self.guided_json.clone(),
+            guided_regex: self.guided_regex.clone(),
+            guided_choice: self.guided_choice.clone(),
+            guided_grammar: self.guided_grammar.clone(),
+        }
+    }
+
     fn stop_strings(&self) -> Vec<String> {
         self.stop
             .clone()
@@ -222,6 +193,22 @@ pub struct ChatRequest {
     /// Resumable session (cachet extension; the SDKs send it via `extra_body`).
     #[serde(default)]
     pub session_id: Option<String>,
+    #[serde(default)]
+    pub tools: Option<Vec<OpenAiTool>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// vLLM's extra template variables.
+    #[serde(default)]
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub add_generation_prompt: Option<bool>,
+    /// Every other field: checked against the field table ([`crate::fields`]).
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// A completions prompt: one string or one token list (a batch of several is rejected).
@@ -245,8 +232,9 @@ pub struct CompletionRequest {
     /// extends this one's prompt and completion.
     #[serde(default)]
     pub session_id: Option<String>,
-    #[serde(default)]
-    pub echo: Option<bool>,
+    /// Every other field: checked against the field table ([`crate::fields`]).
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 fn now_secs() -> u64 {
@@ -341,6 +329,171 @@ fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
     })
 }
 
+/// Tools, tool choice and response format of a chat request, checked.
+struct ChatSetup {
+    plan: ToolPlan,
+    answer_schema: Option<Value>,
+}
+
+fn chat_setup(state: &AppState, req: &ChatRequest) -> Result<ChatSetup, ApiError> {
+    check_rest(Route::Chat, &req.rest)?;
+    let tools = openai_tools(req.tools.clone())?;
+    let choice = openai_tool_choice(req.tool_choice.as_ref(), &tools)?;
+    let plan = ToolPlan {
+        tools,
+        choice,
+        parallel: req.parallel_tool_calls.unwrap_or(true),
+        format: state.agent().format,
+    };
+    let answer_schema =
+        parse_response_format(req.response_format.as_ref())?.and_then(|r| r.schema());
+    Ok(ChatSetup {
+        plan,
+        answer_schema,
+    })
+}
+
+/// The rendered chat template and its token ids: exactly what `/v1/chat/completions` runs.
+fn chat_prompt(state: &AppState, req: &ChatRequest) -> Result<(String, Vec<u32>), ApiError> {
+    let setup = chat_setup(state, req)?;
+    render_chat(state, req, &setup.plan)
+}
+
+fn render_chat(
+    state: &AppState,
+    req: &ChatRequest,
+    plan: &ToolPlan,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let caps = state.agent().caps;
+    let messages = plan.messages_for(caps, convert_messages(&req.messages)?);
+    let tool_values = plan.tool_values();
+    let mut tr = TemplateRequest::new(&messages, req.add_generation_prompt.unwrap_or(true));
+    if plan.template_tools(caps) {
+        tr = tr.with_tools(&tool_values);
+    }
+    if let Some(kw) = &req.chat_template_kwargs {
+        tr = tr.with_kwargs(kw);
+    }
+    let tok = state.tokenizer();
+    let rendered = tok.render_chat(&tr).map_err(|e| {
+        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
+    })?;
+    let prompt = tok
+        .encode(&rendered, false)
+        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+    Ok((rendered, prompt))
+}
+
+/// The grammar of a request (a forced call, a response format, or vLLM's guided fields) as
+/// its constraint.
+async fn constraint_for(
+    state: &AppState,
+    plan: &ToolPlan,
+    answer_schema: Option<&Value>,
+    guided: &Guided,
+) -> Result<Option<cachet_core::request::Constraint>, ApiError> {
+    let tok = state.tokenizer();
+    let guided = guided.grammar()?;
+    let (grammar, param) = match (
+        plan.grammar(tok.as_ref(), answer_schema),
+        answer_schema,
+        guided,
+    ) {
+        (_, Some(_), Some((_, p))) => {
+            return Err(ApiError::bad_param(
+                p,
+                "Send either `response_format` or a guided-decoding field, not both.",
+            ))
+        }
+        (Some(lark), _, _) => (cachet_grammar::Grammar::Lark(lark), "tools"),
+        (None, Some(schema), None) => (
+            cachet_grammar::Grammar::JsonSchema(schema.clone()),
+            "response_format",
+        ),
+        (None, None, Some((g, p))) => (g, p),
+        (None, None, None) => return Ok(None),
+    };
+    let c = crate::structured::compile(&state.agent().grammar, tok, grammar, param).await?;
+    Ok(Some(c))
+}
+
+/// The token ids of each prompt of a completions request: exactly what `/v1/completions` runs.
+fn completion_prompts(state: &AppState, prompt: &PromptField) -> Result<Vec<Vec<u32>>, ApiError> {
+    let tok = state.tokenizer();
+    let encode = |s: &str| {
+        tok.encode(s, true)
+            .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))
+    };
+    let check = |t: &[u32]| {
+        if !t.is_empty() {
+            tok.decode(t, false).map_err(|e| {
+                ApiError::bad_param("prompt", format!("Invalid token ids in prompt: {e}"))
+            })?;
+        }
+        Ok::<(), ApiError>(())
+    };
+    match prompt {
+        PromptField::Text(s) => Ok(vec![encode(s)?]),
+        PromptField::Tokens(t) => {
+            check(t)?;
+            Ok(vec![t.clone()])
+        }
+        PromptField::Texts(v) => v.iter().map(|s| encode(s)).collect(),
+        PromptField::TokenLists(v) => v
+            .iter()
+            .map(|t| {
+                check(t)?;
+                Ok(t.clone())
+            })
+            .collect(),
+    }
+}
+
+/// `POST /v1/chat/completions/render`: the token ids the engine would run for this request,
+/// with no generation (what cache-aware routers, e.g. llm-d's precise prefix-cache scorer, hash
+/// to score instances). `{"request_id", "model", "prompt": the rendered template, "token_ids"}`.
+pub async fn chat_completions_render(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
+    let req: ChatRequest = read_json(body, state.max_body_bytes()).await?;
+    let model = state.check_model(req.common.model.as_deref())?;
+    let (rendered, prompt) = chat_prompt(&state, &req)?;
+    Ok(Json(json!({
+        "request_id": response_id(&headers, "chatcmpl-"),
+        "model": model,
+        "prompt": rendered,
+        "token_ids": prompt,
+    }))
+    .into_response())
+}
+
+/// `POST /v1/completions/render`: one `{"request_id", "model", "token_ids"}` per prompt (vLLM
+/// answers a list: a completions request may carry several prompts).
+pub async fn completions_render(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, OpenAiError> {
+    let req: CompletionRequest = read_json(body, state.max_body_bytes()).await?;
+    let model = state.check_model(req.common.model.as_deref())?;
+    let id = response_id(&headers, "cmpl-");
+    let out: Vec<Value> = completion_prompts(&state, &req.prompt)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| {
+            let rid = if i == 0 {
+                id.clone()
+            } else {
+                format!("{id}-{i}")
+            };
+            json!({"request_id": rid, "model": model, "token_ids": t})
+        })
+        .collect();
+    Ok(Json(Value::Array(out)).into_response())
+}
+
 pub async fn chat_completions(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -348,14 +501,8 @@ pub async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     let req: ChatRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.common.model.as_deref())?;
-    let messages = convert_messages(&req.messages)?;
-    let tok = state.tokenizer().clone();
-    let rendered = tok.apply_chat_template(&messages, true).map_err(|e| {
-        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
-    })?;
-    let prompt = tok
-        .encode(&rendered, false)
-        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+    let setup = chat_setup(&state, &req)?;
+    let (_, prompt) = render_chat(&state, &req, &setup.plan)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (Some(true), top) => Some(top.unwrap_or(0)),
         (_, Some(t)) if t > 0 => {
@@ -371,24 +518,55 @@ pub async fn chat_completions(
         Some(m) => (Some(m), "max_completion_tokens"),
         None => (req.common.max_tokens, "max_tokens"),
     };
-    let input = req.common.sampling_input(max_tokens, logprobs);
-    let draft = req.common.draft(
+    let mut input = req.common.sampling_input(max_tokens, logprobs);
+    input.vocab_size = state.tokenizer().vocab_size();
+    let mut draft = req.common.draft(
         response_id(&headers, "chatcmpl-"),
         prompt,
         &input,
         param,
         req.session_id.as_deref(),
     )?;
-    let gen = Generation::start(&state, draft, req.common.stop_strings()).await?;
+    draft.sampling.constraint = constraint_for(
+        &state,
+        &setup.plan,
+        setup.answer_schema.as_ref(),
+        &req.common.guided(),
+    )
+    .await?;
+    let parse = setup.plan.parse_format();
+    let skip_special = req.common.skip_special_tokens.unwrap_or(true)
+        && !(parse.is_some() && state.agent().markers_special);
+    let gen =
+        Generation::start_with(&state, draft, req.common.stop_strings(), skip_special).await?;
+    let tools = ChatTools {
+        format: parse,
+        parallel: setup.plan.parallel,
+    };
     run(
         state,
         gen,
         model,
         Kind::Chat,
+        tools,
         req.common.stream.unwrap_or(false),
         req.common.include_usage(),
     )
     .await
+}
+
+/// How a chat response reads tool calls out of the text.
+#[derive(Clone, Copy, Debug)]
+struct ChatTools {
+    format: Option<ToolFormat>,
+    parallel: bool,
+}
+
+impl ChatTools {
+    const NONE: ChatTools = ChatTools {
+        format: None,
+        parallel: true,
+    };
 }
 
 pub async fn completions(
@@ -398,59 +576,47 @@ pub async fn completions(
 ) -> Result<Response, OpenAiError> {
     let req: CompletionRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.common.model.as_deref())?;
-    if req.echo == Some(true) {
-        return Err(ApiError::bad_param("echo", "`echo` is not supported.").into());
-    }
-    let tok = state.tokenizer().clone();
-    let several = || {
-        ApiError::bad_param(
+    check_rest(Route::Completions, &req.rest)?;
+    let mut prompts = completion_prompts(&state, &req.prompt)?;
+    if prompts.len() != 1 {
+        return Err(ApiError::bad_param(
             "prompt",
             "Only a single prompt is supported per request; send several requests instead.",
         )
-    };
-    let prompt = match req.prompt {
-        PromptField::Text(s) => tok
-            .encode(&s, true)
-            .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?,
-        PromptField::Tokens(t) => {
-            if !t.is_empty() {
-                tok.decode(&t, false).map_err(|e| {
-                    ApiError::bad_param("prompt", format!("Invalid token ids in prompt: {e}"))
-                })?;
-            }
-            t
-        }
-        PromptField::Texts(mut v) => {
-            if v.len() != 1 {
-                return Err(several().into());
-            }
-            let s = v.pop().unwrap_or_default();
-            tok.encode(&s, true)
-                .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?
-        }
-        PromptField::TokenLists(mut v) => {
-            if v.len() != 1 {
-                return Err(several().into());
-            }
-            v.pop().unwrap_or_default()
-        }
-    };
-    let input = req
+        .into());
+    }
+    let prompt = prompts.pop().unwrap_or_default();
+    let mut input = req
         .common
         .sampling_input(req.common.max_tokens.or(Some(16)), req.logprobs);
-    let draft = req.common.draft(
+    input.vocab_size = state.tokenizer().vocab_size();
+    let mut draft = req.common.draft(
         response_id(&headers, "cmpl-"),
         prompt,
         &input,
         "max_tokens",
         req.session_id.as_deref(),
     )?;
-    let gen = Generation::start(&state, draft, req.common.stop_strings()).await?;
+    draft.sampling.constraint = constraint_for(
+        &state,
+        &ToolPlan::none(state.agent().format),
+        None,
+        &req.common.guided(),
+    )
+    .await?;
+    let gen = Generation::start_with(
+        &state,
+        draft,
+        req.common.stop_strings(),
+        req.common.skip_special_tokens.unwrap_or(true),
+    )
+    .await?;
     run(
         state,
         gen,
         model,
         Kind::Completion,
+        ChatTools::NONE,
         req.common.stream.unwrap_or(false),
         req.common.include_usage(),
     )
@@ -462,12 +628,13 @@ async fn run(
     mut gen: Generation,
     model: String,
     kind: Kind,
+    tools: ChatTools,
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, OpenAiError> {
     let id = gen.request_id().to_string();
     if stream {
-        let sse = Sse::new(stream_events(state, gen, model, kind, include_usage));
+        let sse = Sse::new(stream_events(state, gen, model, kind, tools, include_usage));
         return Ok(with_request_id(sse.into_response(), &id));
     }
     let tok = state.tokenizer().clone();
@@ -479,13 +646,34 @@ async fn run(
     }
     let want_lp = !tokens.is_empty();
     let choice = match kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": if want_lp { chat_logprobs(tok.as_ref(), &tokens) } else { Value::Null },
-            "finish_reason": fin.stop.openai(),
-            "stop_reason": stop_reason(&fin),
-        }),
+        Kind::Chat => {
+            let (content, calls) = match tools.format {
+                Some(f) => {
+                    let (c, mut calls) = cachet_text::parse_tool_calls(f, &text);
+                    if !tools.parallel {
+                        calls.truncate(1);
+                    }
+                    (c, calls)
+                }
+                None => (text, Vec::new()),
+            };
+            let mut message = json!({"role": "assistant", "content": content});
+            if !calls.is_empty() {
+                let format = tools.format.unwrap_or(ToolFormat::Generic);
+                let tc = crate::tools::to_tool_calls(&calls, format);
+                if content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = serde_json::to_value(&tc).unwrap_or_default();
+            }
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": if want_lp { chat_logprobs(tok.as_ref(), &tokens) } else { Value::Null },
+                "finish_reason": finish_reason(&fin, !calls.is_empty()),
+                "stop_reason": stop_reason(&fin),
+            })
+        }
         Kind::Completion => json!({
             "index": 0,
             "text": text,
@@ -511,6 +699,75 @@ async fn run(
     Ok(with_request_id(Json(body).into_response(), &id))
 }
 
+/// `tool_calls` when the answer called a tool and ended by itself, else the engine's reason.
+fn finish_reason(fin: &Final, called: bool) -> &'static str {
+    match fin.stop {
+        crate::generate::StopKind::Eos | crate::generate::StopKind::StopString(_) if called => {
+            "tool_calls"
+        }
+        _ => fin.stop.openai(),
+    }
+}
+
+/// Streaming `delta.tool_calls` for parser events; content events become `content` deltas.
+struct StreamTools {
+    parser: Option<cachet_text::ToolCallParser>,
+    format: ToolFormat,
+    parallel: bool,
+    called: bool,
+}
+
+impl StreamTools {
+    fn new(t: ChatTools) -> Self {
+        StreamTools {
+            parser: t.format.map(cachet_text::ToolCallParser::new),
+            format: t.format.unwrap_or(ToolFormat::Generic),
+            parallel: t.parallel,
+            called: false,
+        }
+    }
+
+    /// Deltas (`{"content"}` or `{"tool_calls": [...]}`) for a piece of text (`None`: the end).
+    fn deltas(&mut self, text: Option<&str>) -> Vec<Value> {
+        let Some(p) = &mut self.parser else {
+            return match text {
+                Some(t) if !t.is_empty() => vec![json!({"content": t})],
+                _ => Vec::new(),
+            };
+        };
+        let events = match text {
+            Some(t) => p.push(t),
+            None => p.finish(),
+        };
+        let mut out = Vec::new();
+        for e in events {
+            match e {
+                ToolEvent::Content(c) => out.push(json!({"content": c})),
+                ToolEvent::Start { index, name } => {
+                    if index > 0 && !self.parallel {
+                        continue;
+                    }
+                    self.called = true;
+                    out.push(json!({"tool_calls": [{
+                        "index": index, "id": crate::tools::new_call_id(self.format), "type": "function",
+                        "function": {"name": name, "arguments": ""},
+                    }]}));
+                }
+                ToolEvent::Arguments { index, text } => {
+                    if index > 0 && !self.parallel {
+                        continue;
+                    }
+                    out.push(
+                        json!({"tool_calls": [{"index": index, "function": {"arguments": text}}]}),
+                    );
+                }
+                ToolEvent::End { .. } => {}
+            }
+        }
+        out
+    }
+}
+
 /// vLLM's `stop_reason`: the matched stop string, else null.
 fn stop_reason(fin: &Final) -> Value {
     match &fin.stop {
@@ -528,6 +785,7 @@ fn stream_events(
     mut gen: Generation,
     model: String,
     kind: Kind,
+    tools: ChatTools,
     include_usage: bool,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     async_stream::stream! {
@@ -541,6 +799,7 @@ fn stream_events(
             }
         };
         let mut text_offset = 0usize;
+        let mut st = StreamTools::new(tools);
         if kind == Kind::Chat {
             let mut first = json!({
                 "id": id, "object": object, "created": created, "model": model,
@@ -560,14 +819,26 @@ fn stream_events(
                     } else {
                         completion_logprobs(tok.as_ref(), &d.tokens, &mut text_offset)
                     };
-                    let choice = if kind == Kind::Chat {
-                        json!({"index": 0, "delta": {"content": d.text}, "logprobs": lp, "finish_reason": null})
+                    if kind == Kind::Chat {
+                        let mut deltas = st.deltas(Some(&d.text));
+                        if deltas.is_empty() && !lp.is_null() {
+                            deltas.push(json!({"content": ""}));
+                        }
+                        let n = deltas.len();
+                        for (i, delta) in deltas.into_iter().enumerate() {
+                            // Logprobs ride on the last chunk of the tokens' text.
+                            let lpi = if i + 1 == n { lp.clone() } else { Value::Null };
+                            let choice = json!({"index": 0, "delta": delta, "logprobs": lpi, "finish_reason": null});
+                            let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                            usage_field(&mut chunk);
+                            yield data(&chunk);
+                        }
                     } else {
-                        json!({"index": 0, "text": d.text, "logprobs": lp, "finish_reason": null})
-                    };
-                    let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
-                    usage_field(&mut chunk);
-                    yield data(&chunk);
+                        let choice = json!({"index": 0, "text": d.text, "logprobs": lp, "finish_reason": null});
+                        let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                        usage_field(&mut chunk);
+                        yield data(&chunk);
+                    }
                 }
                 GenEvent::Done(f) => fin = Some(f),
             }
@@ -579,8 +850,16 @@ fn stream_events(
             yield Ok(Event::default().data("[DONE]"));
             return;
         }
+        if kind == Kind::Chat {
+            for delta in st.deltas(None) {
+                let mut chunk = json!({"id": id, "object": object, "created": created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}]});
+                usage_field(&mut chunk);
+                yield data(&chunk);
+            }
+        }
         let choice = if kind == Kind::Chat {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
+            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(&fin, st.called), "stop_reason": stop_reason(&fin)})
         } else {
             json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
         };

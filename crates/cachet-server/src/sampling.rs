@@ -40,6 +40,49 @@ pub struct SamplingInput {
     pub n: Option<u32>,
     /// Alternatives per token; `Some(0)` means only the sampled token's log-probability.
     pub logprobs: Option<u32>,
+    /// OpenAI `logit_bias`: token id (as a string key) → bias in [-100, 100].
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// The vocabulary size token ids are checked against (0: unchecked).
+    pub vocab_size: usize,
+}
+
+/// Most entries in `logit_bias` (OpenAI's limit is 300 too).
+pub const MAX_LOGIT_BIAS: usize = 300;
+
+/// `logit_bias` as (token, bias) pairs: keys are token ids below `vocab_size`, values finite
+/// and in [-100, 100].
+pub fn parse_logit_bias(
+    m: &std::collections::BTreeMap<String, f32>,
+    vocab_size: usize,
+) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bad = |msg: String| ApiError::bad_param("logit_bias", msg);
+    if m.len() > MAX_LOGIT_BIAS {
+        return Err(bad(format!(
+            "`logit_bias` may hold at most {MAX_LOGIT_BIAS} tokens, got {}.",
+            m.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(m.len());
+    for (k, &v) in m {
+        let id: u32 = k.trim().parse().map_err(|_| {
+            bad(format!(
+                "`logit_bias` keys must be token ids, got `{}`.",
+                crate::error::clip(k)
+            ))
+        })?;
+        if vocab_size > 0 && id as usize >= vocab_size {
+            return Err(bad(format!(
+                "Token id {id} in `logit_bias` is outside the vocabulary ({vocab_size})."
+            )));
+        }
+        if !v.is_finite() || !(-100.0..=100.0).contains(&v) {
+            return Err(bad(format!(
+                "`logit_bias` values must be in [-100, 100], got {v} for token {id}."
+            )));
+        }
+        out.push((id, v));
+    }
+    Ok(out)
 }
 
 /// Most alternatives a request may ask for per token.
@@ -155,6 +198,10 @@ pub fn build_sampling(
             ));
         }
     }
+    let logit_bias = match &input.logit_bias {
+        Some(m) => parse_logit_bias(m, input.vocab_size)?,
+        None => Vec::new(),
+    };
     let params = SamplingParams {
         max_tokens: input.max_tokens.unwrap_or(0),
         min_tokens,
@@ -169,6 +216,8 @@ pub fn build_sampling(
         stop_token_ids: input.stop_token_ids.clone(),
         ignore_eos: input.ignore_eos,
         logprobs: input.logprobs,
+        logit_bias,
+        constraint: None,
     };
     Ok((params, input.max_tokens))
 }
@@ -289,6 +338,30 @@ mod tests {
             .top_k,
             0
         );
+    }
+
+    #[test]
+    fn logit_bias_keys_and_range() {
+        let m = |pairs: &[(&str, f32)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        assert_eq!(
+            parse_logit_bias(&m(&[("50", -100.0), ("7", 2.5)]), 100).unwrap(),
+            vec![(50, -100.0), (7, 2.5)]
+        );
+        for bad in [
+            m(&[("x", 1.0)]),
+            m(&[("100", 1.0)]),
+            m(&[("5", 100.5)]),
+            m(&[("5", -101.0)]),
+            m(&[("5", f32::NAN)]),
+        ] {
+            let e = parse_logit_bias(&bad, 100).unwrap_err();
+            assert_eq!(e.status(), axum::http::StatusCode::BAD_REQUEST, "{bad:?}");
+        }
     }
 
     #[test]

@@ -566,7 +566,7 @@ async fn error_shapes_follow_the_route() {
         ),
         (
             "POST",
-            "/v1/messages/count_tokens",
+            "/v1/messages/no_such_route",
             key.to_vec(),
             msgs.to_string(),
             404,
