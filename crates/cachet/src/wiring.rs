@@ -208,7 +208,11 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                 },
                 kv_cache_dtype: kv_dtype.as_str().into(),
                 model: ModelInfo {
-                    name: loaded.info.name.clone(),
+                    // The file's stem: a name a person can guess (`general.name` is often not).
+                    name: path
+                        .file_stem()
+                        .map(|s| s.to_string_lossy().into_owned())
+                        .unwrap_or_else(|| loaded.info.name.clone()),
                     max_model_len,
                     block_size: a.block_size,
                     num_kv_blocks: num_blocks,
