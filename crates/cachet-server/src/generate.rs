@@ -130,6 +130,9 @@ fn map_invalid(e: InvalidRequest) -> ApiError {
             ApiError::bad_param("min_tokens", e.to_string())
         }
         InvalidRequest::BadSessionId => ApiError::bad_param("session_id", e.to_string()),
+        InvalidRequest::BadN(_) | InvalidRequest::NWithSession => {
+            ApiError::bad_param("n", e.to_string())
+        }
         InvalidRequest::EmptyPrompt => ApiError::bad_request(e.to_string()),
     }
 }
