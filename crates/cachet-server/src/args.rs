@@ -10,6 +10,8 @@ pub const DEFAULT_HEADER_READ_TIMEOUT_S: f64 = 10.0;
 pub const DEFAULT_BODY_READ_TIMEOUT_S: f64 = 60.0;
 /// Default `--max-connections`.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// Default `--max-large-requests` (with 16 MiB bodies at most 1 GiB of them in memory).
+pub const DEFAULT_MAX_LARGE_REQUESTS: usize = 64;
 
 /// The server's own flags. Engine flags (`--max-waiting-requests`, `--block-size`, ...) belong to
 /// the engine's configuration, not here.
@@ -56,6 +58,10 @@ pub struct ServerArgs {
     /// preflights are refused, and a cross-origin POST or DELETE gets 403.
     #[arg(long, value_delimiter = ',', num_args = 1..)]
     pub allowed_origins: Vec<String>,
+    /// Most requests with a body over 32 KiB in flight at once (their bodies in memory, their
+    /// tokenization on its own thread); further ones wait, unread, for one to finish.
+    #[arg(long, default_value_t = DEFAULT_MAX_LARGE_REQUESTS)]
+    pub max_large_requests: usize,
     /// How tool calls are written in model output: hermes, llama3_json, mistral, generic, or
     /// auto (from what the chat template renders; generic when it renders no tool calls).
     #[arg(long)]
@@ -64,6 +70,10 @@ pub struct ServerArgs {
     /// in the prompt. By default it is removed: its nonce defeats prefix caching.
     #[arg(long)]
     pub keep_billing_header: bool,
+    /// The engine's KV cache events, for `GET /v1/cache/events` (set by the binary when the
+    /// engine publishes to it; not a flag).
+    #[arg(skip)]
+    pub event_log: Option<crate::cache_routes::EventLogHandle>,
 }
 
 impl Default for ServerArgs {
@@ -81,8 +91,10 @@ impl Default for ServerArgs {
             body_read_timeout: DEFAULT_BODY_READ_TIMEOUT_S,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             allowed_origins: Vec::new(),
+            max_large_requests: DEFAULT_MAX_LARGE_REQUESTS,
             tool_call_parser: None,
             keep_billing_header: false,
+            event_log: None,
         }
     }
 }

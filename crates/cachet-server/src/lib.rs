@@ -27,6 +27,8 @@ mod args;
 mod auth;
 pub mod body;
 mod cors;
+pub mod cache_routes;
+mod dashboard;
 pub mod error;
 pub mod generate;
 mod http_metrics;
@@ -68,6 +70,7 @@ use generate::REQUEST_ID_HEADER;
 struct StateInner {
     engine: EngineHandle,
     tokenizer: Arc<dyn TextTokenizer>,
+    event_log: Option<cache_routes::EventLogHandle>,
     agent: agent::Agent,
     metrics: MetricsHandle,
     model_names: Vec<String>,
@@ -105,6 +108,7 @@ impl AppState {
             inner: Arc::new(StateInner {
                 engine,
                 tokenizer,
+                event_log: args.event_log.clone(),
                 agent,
                 metrics,
                 model_names,
@@ -126,6 +130,11 @@ impl AppState {
 
     pub fn tokenizer(&self) -> &Arc<dyn TextTokenizer> {
         &self.inner.tokenizer
+    }
+
+    /// The KV cache events log behind `GET /v1/cache/events`, when the engine publishes to it.
+    pub fn event_log(&self) -> Option<&Arc<cachet_kv_events::EventLog>> {
+        self.inner.event_log.as_ref().map(|h| &h.0)
     }
 
     /// Tool-call format, template capabilities, grammar compiler.
@@ -184,11 +193,18 @@ async fn echo_request_id(req: Request, next: Next) -> Response {
 }
 
 /// Every route. `/v1/*` and `/reset_prefix_cache` require the API key when one is configured;
-/// `/health`, `/metrics`, `/tokenize` and `/detokenize` are always open.
+/// `/health`, `/metrics`, `/tokenize`, `/detokenize` and `/dashboard` (a page with no data) are
+/// always open.
 pub fn router(state: AppState) -> Router {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
+        .route(
+            "/v1/chat/completions/render",
+            post(openai::chat_completions_render),
+        )
+        .route("/v1/completions/render", post(openai::completions_render))
+        .route("/v1/cache/events", get(cache_routes::cache_events))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(misc::models))
@@ -200,6 +216,8 @@ pub fn router(state: AppState) -> Router {
         ));
     Router::new()
         .merge(v1)
+        .route("/dashboard", get(dashboard::page))
+        .route("/dashboard/assets/{name}", get(dashboard::asset))
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .route("/tokenize", post(misc::tokenize))

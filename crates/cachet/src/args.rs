@@ -76,6 +76,14 @@ pub struct EngineArgs {
     /// Simulator: make the n-th generated token EOS.
     #[arg(long)]
     pub sim_eos_at_output: Option<usize>,
+    /// KV cache events for cache-aware routers, vLLM's JSON (`enable_kv_cache_events`,
+    /// `publisher`, `endpoint`, `replay_endpoint`, `buffer_steps`, `hwm`, `max_queue_size`,
+    /// `topic`; cachet's `cachet_encoding`: `map` or `array`).
+    #[arg(long)]
+    pub kv_events_config: Option<String>,
+    /// Event batches `GET /v1/cache/events` keeps for `Last-Event-ID` replay (0: no endpoint).
+    #[arg(long, default_value_t = 1024)]
+    pub kv_events_sse_buffer: usize,
     /// Simulator, fault injection: panic the core thread on the step that computes this text
     /// (tests of the engine-death path).
     #[arg(long, hide = true)]
@@ -105,6 +113,8 @@ impl Default for EngineArgs {
             sim_decode_us_per_seq: 0,
             sim_eos_at_output: None,
             sim_panic_on: None,
+            kv_events_config: None,
+            kv_events_sse_buffer: 1024,
         }
     }
 }

@@ -93,6 +93,39 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+type Sinks = Vec<Box<dyn cachet_engine::core_loop::EventSink>>;
+
+/// Where the engine's KV cache events go: the ZMQ publisher of `--kv-events-config` (vLLM's
+/// wire format), and the bounded log behind `GET /v1/cache/events`.
+fn kv_event_sinks(
+    engine: &EngineArgs,
+) -> anyhow::Result<(Sinks, Option<cachet_server::cache_routes::EventLogHandle>)> {
+    use std::sync::Arc;
+    let mut sinks: Sinks = Vec::new();
+    if let Some(json) = engine.kv_events_config.as_deref() {
+        let cfg = cachet_kv_events::KvEventsConfig::from_json(json)
+            .context("--kv-events-config")?;
+        if let Some(publisher) = cachet_kv_events::start_publisher(&cfg)? {
+            tracing::info!(
+                endpoint = publisher.bound_endpoint().unwrap_or(publisher.endpoint()),
+                replay = publisher.replay_endpoint().unwrap_or("none"),
+                "publishing KV cache events"
+            );
+            let publisher = Arc::new(publisher);
+            sinks.push(Box::new(move |b| publisher.publish(b)));
+        }
+    }
+    let log = (engine.kv_events_sse_buffer > 0).then(|| {
+        let log = Arc::new(cachet_kv_events::EventLog::new(engine.kv_events_sse_buffer));
+        let sink = Arc::clone(&log);
+        sinks.push(Box::new(move |b| {
+            sink.push(b);
+        }));
+        cachet_server::cache_routes::EventLogHandle(log)
+    });
+    Ok((sinks, log))
+}
+
 fn serve(
     engine: EngineArgs,
     server: cachet_server::ServerArgs,
@@ -124,12 +157,16 @@ fn serve(
             loggers.push(Box::new(cachet_server::LogLineLogger::new(interval)));
         }
     }
+    let (event_sinks, event_log) = kv_event_sinks(&engine)?;
+    let mut server = server;
+    server.event_log = event_log;
     let handle = cachet_engine::start_engine(
         built.engine,
         built.executor,
         built.model,
         cachet_engine::core_loop::CoreOptions {
             loggers,
+            event_sinks,
             tier: tier.clone().map(|c| {
                 Box::new(cachet_tiers::EngineTier::new(c)) as Box<dyn cachet_engine::tier::KvTier>
             }),

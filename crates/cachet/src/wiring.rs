@@ -65,7 +65,7 @@ impl cachet_core::Executor for AnyExecutor {
     fn execute(
         &mut self,
         batch: &cachet_core::ExecBatch<'_>,
-    ) -> Result<Vec<Option<cachet_core::Sampled>>, cachet_core::ExecError> {
+    ) -> Result<cachet_core::ExecOutput, cachet_core::ExecError> {
         match self {
             AnyExecutor::Sim(e) => e.execute(batch),
             AnyExecutor::Model(e) => e.execute(batch),
@@ -268,4 +268,45 @@ pub fn host_tier_blocks(args: &cachet_tiers::TierArgs, executor: &AnyExecutor) -
     let per_block = executor.block_bytes().max(1) as u64;
     spec.host
         .then(|| usize::try_from(args.kv_tier_host_bytes / per_block).unwrap_or(usize::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_core::Executor;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        tiers: cachet_tiers::TierArgs,
+    }
+
+    fn sim() -> AnyExecutor {
+        let built = build(&EngineArgs::default()).unwrap();
+        built.executor
+    }
+
+    #[test]
+    fn the_tier_namespace_is_the_executors() {
+        let exec = sim();
+        let none = Cli::parse_from(["x"]);
+        assert!(open_tier(&none.tiers, &exec, 16).unwrap().is_none());
+        assert_eq!(host_tier_blocks(&none.tiers, &exec), None);
+
+        let host = Cli::parse_from(["x", "--kv-tier", "host", "--kv-tier-host-bytes", "1M"]);
+        let c = open_tier(&host.tiers, &exec, 16).unwrap().unwrap();
+        assert_eq!(c.namespace().model_fingerprint, exec.model_fingerprint());
+        assert_eq!(c.namespace().kv_layout, "sim:u64");
+        assert_eq!(c.namespace().block_size, 16);
+        assert!(c.has(cachet_tiers::TierKind::Host) && !c.has(cachet_tiers::TierKind::Redis));
+        // 1 MiB of 128-byte simulator blocks (16 tokens x 8 bytes).
+        assert_eq!(host_tier_blocks(&host.tiers, &exec), Some(8192));
+
+        let no_url = Cli::parse_from(["x", "--kv-tier", "redis"]);
+        assert!(matches!(
+            open_tier(&no_url.tiers, &exec, 16),
+            Err(WiringError::Tier(_))
+        ));
+    }
 }

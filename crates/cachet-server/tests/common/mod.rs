@@ -37,6 +37,8 @@ pub struct Opts {
     pub served_model_names: Vec<String>,
     /// Fault injection: the simulator panics on a step computing these tokens.
     pub panic_on: Option<Vec<u32>>,
+    /// KV cache events into a log of this many batches (`GET /v1/cache/events`); 0: none.
+    pub event_log: usize,
 }
 
 impl Default for Opts {
@@ -52,6 +54,7 @@ impl Default for Opts {
             step_ms: 0,
             served_model_names: Vec::new(),
             panic_on: None,
+            event_log: 0,
         }
     }
 }
@@ -97,12 +100,22 @@ pub fn start(opts: Opts) -> Harness {
         ..Default::default()
     };
     let metrics = MetricsHandle::new(MODEL, opts.max_model_len, cache);
+    let mut event_sinks: Vec<Box<dyn cachet_engine::core_loop::EventSink>> = Vec::new();
+    let event_log = (opts.event_log > 0).then(|| {
+        let log = Arc::new(cachet_kv_events::EventLog::new(opts.event_log));
+        let sink = Arc::clone(&log);
+        event_sinks.push(Box::new(move |b| {
+            sink.push(b);
+        }));
+        cachet_server::cache_routes::EventLogHandle(log)
+    });
     let engine = start_engine(
         config,
         executor,
         model,
         CoreOptions {
             loggers: vec![Box::new(metrics.logger())],
+            event_sinks,
             ..Default::default()
         },
     )
@@ -113,6 +126,7 @@ pub fn start(opts: Opts) -> Harness {
         max_body_bytes: opts.max_body_bytes,
         log_stats_interval: 0.0,
         served_model_name: opts.served_model_names.clone(),
+        event_log,
         ..ServerArgs::default()
     };
     let app = router(AppState::new(
