@@ -2,6 +2,12 @@
 //!
 //! Parsing of the header is done by `candle_core::quantized::gguf_file`; tensor data is taken as
 //! raw bytes from a memory map and handed to `cachet_kernels::QMatrix::from_gguf_bytes`.
+//!
+//! A crafted or truncated file is an error, never a panic or a read out of bounds: before
+//! candle reads the header, [`prescan`] walks its metadata and refuses what candle would divide
+//! by (a zero `general.alignment`); after, every tensor's size and extent are checked against
+//! the file ([`check_tensors`]), and [`LlamaConfig::from_gguf`] refuses dimensions no model has
+//! ([`MAX_LAYERS`] and the like), so the sizes computed from them cannot overflow.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -28,11 +34,14 @@ impl GgufFile {
             path: path.display().to_string(),
             source,
         };
-        let mut file = File::open(path).map_err(io_err)?;
-        let content = Content::read(&mut file)
-            .map_err(|e| ModelError::Gguf(format!("{}: {e}", path.display())))?;
+        let file = File::open(path).map_err(io_err)?;
         // SAFETY: the file is opened read-only; cachet never writes model files while serving.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
+        let bad = |e: String| ModelError::Gguf(format!("{}: {e}", path.display()));
+        prescan(&mmap).map_err(bad)?;
+        let content =
+            Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| bad(e.to_string()))?;
+        check_tensors(&content, mmap.len()).map_err(bad)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
             content,
@@ -89,6 +98,11 @@ impl GgufFile {
         self.content.tensor_infos.contains_key(name)
     }
 
+    /// Names of every tensor the file declares.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.content.tensor_infos.keys().map(String::as_str)
+    }
+
     /// Dimensions in row-major order (`[rows, cols]` for a matrix), type and raw bytes.
     pub fn tensor_raw(&self, name: &str) -> Result<(Vec<usize>, GgmlDType, &[u8]), ModelError> {
         let info = self
@@ -97,14 +111,12 @@ impl GgufFile {
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let dims = info.shape.dims().to_vec();
-        let elems: usize = dims.iter().product();
-        let bs = info.ggml_dtype.block_size();
-        if !elems.is_multiple_of(bs) {
-            return Err(ModelError::Gguf(format!(
-                "tensor '{name}': {elems} elements not a multiple of block size {bs}"
-            )));
-        }
-        let size = elems / bs * info.ggml_dtype.type_size();
+        let size = tensor_size(&dims, info.ggml_dtype).ok_or_else(|| {
+            ModelError::Gguf(format!(
+                "tensor '{name}': shape {dims:?} is not whole blocks of {:?} or overflows",
+                info.ggml_dtype
+            ))
+        })?;
         let start = self.content.tensor_data_offset.saturating_add(info.offset);
         let start = usize::try_from(start)
             .map_err(|_| ModelError::Gguf(format!("tensor '{name}' offset overflow")))?;
@@ -126,10 +138,8 @@ impl GgufFile {
         self.content
             .tensor_infos
             .values()
-            .map(|i| {
-                (i.shape.elem_count() / i.ggml_dtype.block_size() * i.ggml_dtype.type_size()) as u64
-            })
-            .sum()
+            .filter_map(|i| tensor_size(i.shape.dims(), i.ggml_dtype))
+            .fold(0u64, |a, b| a.saturating_add(b as u64))
     }
 
     /// BLAKE3 over the whole file: metadata, tensor infos and tensor data.
@@ -150,6 +160,182 @@ impl GgufFile {
     }
 }
 
+/// Bytes of a tensor of `dims` and type `dt`; `None` when the element count overflows or is
+/// not a whole number of blocks.
+fn tensor_size(dims: &[usize], dt: GgmlDType) -> Option<usize> {
+    let elems = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
+    let bs = dt.block_size();
+    if bs == 0 || !elems.is_multiple_of(bs) {
+        return None;
+    }
+    (elems / bs).checked_mul(dt.type_size())
+}
+
+/// Every tensor's size is computable and its bytes lie inside the file.
+fn check_tensors(content: &Content, file_len: usize) -> Result<(), String> {
+    for (name, info) in &content.tensor_infos {
+        let name: String = name.chars().take(80).collect();
+        let dims = info.shape.dims();
+        let size = tensor_size(dims, info.ggml_dtype).ok_or_else(|| {
+            format!(
+                "tensor '{name}': shape {dims:?} is not whole blocks of {:?} or overflows",
+                info.ggml_dtype
+            )
+        })?;
+        let end = content
+            .tensor_data_offset
+            .checked_add(info.offset)
+            .and_then(|s| usize::try_from(s).ok())
+            .and_then(|s| s.checked_add(size));
+        if end.is_none_or(|e| e > file_len) {
+            return Err(format!(
+                "tensor '{name}' ({size} bytes at offset {}) lies beyond the file end {file_len}",
+                info.offset
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Reads the little-endian scalars, strings and arrays of a GGUF header.
+struct HeaderReader<'a> {
+    b: &'a [u8],
+    pos: usize,
+    /// v2 and v3 write lengths as u64, v1 as u32.
+    wide: bool,
+}
+
+/// Deepest nesting of arrays accepted (as candle).
+const MAX_VALUE_DEPTH: usize = 64;
+
+impl HeaderReader<'_> {
+    fn take(&mut self, n: u64) -> Result<&[u8], String> {
+        let left = self.b.len() - self.pos;
+        let n = usize::try_from(n)
+            .ok()
+            .filter(|&n| n <= left)
+            .ok_or_else(|| format!("needs {n} bytes at offset {}, {left} left", self.pos))?;
+        let out = &self.b[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(out)
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        let b = self.take(4)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+
+    fn len(&mut self) -> Result<u64, String> {
+        if self.wide {
+            self.u64()
+        } else {
+            self.u32().map(u64::from)
+        }
+    }
+
+    fn string(&mut self) -> Result<&[u8], String> {
+        let n = self.len()?;
+        self.take(n)
+    }
+
+    /// Bytes of one value of a fixed-size type.
+    fn fixed_size(ty: u32) -> Option<u64> {
+        match ty {
+            0 | 1 | 7 => Some(1),
+            2 | 3 => Some(2),
+            4..=6 => Some(4),
+            10..=12 => Some(8),
+            _ => None,
+        }
+    }
+
+    /// The value of an integer of type 0..=5 (the types candle reads `general.alignment` from);
+    /// `None` for a negative one.
+    fn small_int(&mut self, ty: u32) -> Result<Option<u64>, String> {
+        let size = Self::fixed_size(ty).unwrap_or(0);
+        let b = self.take(size)?;
+        Ok(match ty {
+            0 => Some(u64::from(b[0])),
+            1 => u64::try_from(b[0] as i8).ok(),
+            2 => Some(u64::from(u16::from_le_bytes([b[0], b[1]]))),
+            3 => u64::try_from(i16::from_le_bytes([b[0], b[1]])).ok(),
+            4 => Some(u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            _ => u64::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok(),
+        })
+    }
+
+    fn skip(&mut self, ty: u32, depth: usize) -> Result<(), String> {
+        if depth > MAX_VALUE_DEPTH {
+            return Err(format!("arrays nested deeper than {MAX_VALUE_DEPTH}"));
+        }
+        if let Some(n) = Self::fixed_size(ty) {
+            return self.take(n).map(|_| ());
+        }
+        match ty {
+            8 => self.string().map(|_| ()),
+            9 => {
+                let elem = self.u32()?;
+                let n = self.len()?;
+                match Self::fixed_size(elem) {
+                    Some(size) => self
+                        .take(n.checked_mul(size).ok_or("array size overflows")?)
+                        .map(|_| ()),
+                    None => {
+                        for _ in 0..n {
+                            self.skip(elem, depth + 1)?;
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            other => Err(format!("unknown value type {other}")),
+        }
+    }
+}
+
+/// Walks the metadata of the header the way candle will read it and refuses a
+/// `general.alignment` that is 0 or not a power of two (candle divides by it). Also refuses
+/// what candle would: a bad magic or version, a length past the end, an unknown type.
+fn prescan(b: &[u8]) -> Result<(), String> {
+    let mut r = HeaderReader {
+        b,
+        pos: 0,
+        wide: true,
+    };
+    let magic = r.u32()?;
+    if magic != 0x4655_4747 && magic != 0x4747_5546 {
+        return Err(format!("not a GGUF file (magic 0x{magic:08x})"));
+    }
+    r.wide = match r.u32()? {
+        1 => false,
+        2 | 3 => true,
+        v => return Err(format!("unsupported GGUF version {v}")),
+    };
+    let _tensors = r.len()?;
+    let entries = r.len()?;
+    for _ in 0..entries {
+        let is_alignment = r.string()? == b"general.alignment";
+        let ty = r.u32()?;
+        if is_alignment && ty <= 5 {
+            if let Some(a) = r.small_int(ty)? {
+                if !a.is_power_of_two() {
+                    return Err(format!("general.alignment {a} is not a power of two"));
+                }
+            }
+        } else {
+            r.skip(ty, 0)?;
+        }
+    }
+    Ok(())
+}
+
 fn value_u64(v: &Value) -> Option<u64> {
     match v {
         Value::U8(x) => Some(*x as u64),
@@ -164,6 +350,19 @@ fn value_u64(v: &Value) -> Option<u64> {
         _ => None,
     }
 }
+
+/// Most layers a model may declare.
+pub const MAX_LAYERS: usize = 4096;
+/// Widest hidden or feed-forward dimension.
+pub const MAX_WIDTH: usize = 1 << 22;
+/// Most attention heads (and KV heads).
+pub const MAX_HEADS: usize = 4096;
+/// Widest attention head.
+pub const MAX_HEAD_DIM: usize = 1 << 16;
+/// Largest vocabulary.
+pub const MAX_VOCAB: usize = 1 << 24;
+/// Longest context.
+pub const MAX_CONTEXT: usize = 1 << 26;
 
 /// The model families this crate runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,6 +478,24 @@ impl LlamaConfig {
             Architecture::Llama => RopeStyle::Normal,
             Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
         };
+        // Dimensions no model has mean a crafted or broken file; within these, every size
+        // computed from them (weights, KV bytes per token) fits in 64 bits.
+        for (key, v, max) in [
+            ("block_count", n_layers, MAX_LAYERS),
+            ("embedding_length", hidden, MAX_WIDTH),
+            ("attention.head_count", n_heads, MAX_HEADS),
+            ("attention.head_count_kv", n_kv_heads, MAX_HEADS),
+            ("attention.key_length", head_dim, MAX_HEAD_DIM),
+            ("feed_forward_length", ffn, MAX_WIDTH),
+            ("vocab_size", vocab_size, MAX_VOCAB),
+            ("context_length", context_length, MAX_CONTEXT),
+        ] {
+            if v > max || (v == 0 && key != "block_count") {
+                return Err(ModelError::Config(format!(
+                    "{a}.{key} = {v} is outside 1..={max}"
+                )));
+            }
+        }
         Ok(LlamaConfig {
             architecture,
             n_layers,
@@ -298,15 +515,21 @@ impl LlamaConfig {
 
     /// Bytes of K+V for one token over all layers.
     pub fn kv_bytes_per_token(&self, kv_dtype: KvDtype) -> u64 {
-        2 * self.n_layers as u64
-            * self.n_kv_heads as u64
-            * self.head_dim as u64
-            * kv_dtype.elem_bytes() as u64
+        [
+            self.n_layers as u64,
+            self.n_kv_heads as u64,
+            self.head_dim as u64,
+            kv_dtype.elem_bytes() as u64,
+        ]
+        .iter()
+        .fold(2u64, |a, &b| a.saturating_mul(b))
     }
 
     /// How many KV blocks of `block_size` tokens fit in `bytes`.
     pub fn num_blocks_for_memory(&self, bytes: u64, block_size: usize, kv_dtype: KvDtype) -> usize {
-        let per_block = self.kv_bytes_per_token(kv_dtype) * block_size.max(1) as u64;
+        let per_block = self
+            .kv_bytes_per_token(kv_dtype)
+            .saturating_mul(block_size.max(1) as u64);
         (bytes / per_block.max(1)) as usize
     }
 }
