@@ -20,6 +20,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
-# Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test.
+# Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test;
+# Chromium and Playwright for the dashboard's browser test.
 scripts/test-deps-redis.sh
 scripts/test-deps-dynamo.sh
+scripts/test-deps-browser.sh

@@ -1,0 +1,560 @@
+"""The live dashboard (`GET /dashboard`, issue 15 item 6) in headless Chromium.
+
+A real `cachet serve --executor sim` behind an API key serves the page from the binary. Its data
+comes from `/v1/cache/stats/stream`, `/v1/cache` and `/v1/cache/requests/{id}`: from the same
+server when it answers `GET /v1/cache`; otherwise (those routes not built yet, or
+CACHET_DASHBOARD_FAKE=1) from a small fake server in this file that serves the contract's shapes,
+proxies `/dashboard*` to the real binary, and runs a toy block cache over the traffic it gets.
+
+Either way the test drives traffic over HTTP and checks what the page shows against numbers
+derived by hand from that traffic (block size 16):
+  request A: tokens 1000..1063 (64 tokens), empty cache: 0 cached, 64 computed, 64 written to new
+             cache entries (4 full blocks); its misses are 64 `never_cached`.
+  request B: the same 64 tokens: 4 blocks found, capped at floor(63/16)*16 = 48 tokens (the last
+             token must be computed); 16 computed, 0 cache creation (block 3's hash exists);
+             its misses are 16 `capped_for_logits`; its lifecycle has 3 `hit` blocks.
+  totals:    prompt tokens 128, queried 128, hit 48 -> hit rate 37.5 %.
+
+Browsers: Debian's chromium through Playwright (scripts/test-deps-browser.sh installs both; a
+fresh --user-data-dir per test). With CACHET_DASHBOARD_SCREENSHOT=PATH the screenshot test
+drives a mixed workload and writes the README's picture (docs/dashboard.png) to PATH.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import http.server
+import json
+import os
+import pathlib
+import re
+import shutil
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pytest
+import requests
+
+from conftest import BLOCK_SIZE, start_server
+
+pw = pytest.importorskip("playwright.sync_api", reason="playwright missing: run scripts/test-deps-browser.sh")
+
+CHROMIUM = os.environ.get("CACHET_CHROMIUM", "/usr/bin/chromium")
+KEY = "dash-e2e-key-5c1f"
+PROMPT = list(range(1000, 1064))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 15000
+
+if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
+    pytest.skip(f"{CHROMIUM} missing: run scripts/test-deps-browser.sh", allow_module_level=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fake data server (until the real routes answer).
+
+
+class ToyCache:
+    """A block cache in the contract's terms, enough for the shapes and the numbers above."""
+
+    def __init__(self, num_blocks: int = 64, shadow: int = 256):
+        self.lock = threading.Lock()
+        self.num_blocks = num_blocks
+        self.cached: collections.OrderedDict[str, dict] = collections.OrderedDict()  # LRU
+        self.shadow: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self.shadow_cap = shadow
+        self.children: dict[str, list[tuple[str, list[int]]]] = {}
+        self.c = collections.Counter()
+        self.miss = collections.Counter(
+            {k: 0 for k in ["capped_for_logits", "partial_block", "evicted", "never_cached", "lookup_skipped", "load_failed"]}
+        )
+        self.shadow_hits = {"2x": 0, "4x": 0}
+        self.diverged = {"requests": 0, "within_64": 0}
+        self.tenants: dict[str, collections.Counter] = {}
+        self.recent: collections.deque = collections.deque(maxlen=20)
+        self.lifecycle: dict[str, dict] = {}
+        self.started = time.time()
+
+    @staticmethod
+    def block_hash(parent: str, toks: list[int], salt: str | None) -> str:
+        return hashlib.sha256(json.dumps([parent, toks, salt]).encode()).hexdigest()
+
+    def run(self, rid: str, toks: list[int], salt: str | None, tenant: str) -> dict:
+        with self.lock:
+            return self._run(rid, toks, salt, tenant)
+
+    def _run(self, rid, toks, salt, tenant):
+        n, b = len(toks), BLOCK_SIZE
+        full = n // b
+        hashes, parent = [], "seed"
+        for i in range(full):
+            parent = self.block_hash(parent, toks[i * b : (i + 1) * b], salt)
+            hashes.append(parent)
+        found = 0
+        while found < full and hashes[found] in self.cached:
+            found += 1
+        cap = (n - 1) // b
+        hit_blocks = min(found, cap)
+        cached = hit_blocks * b
+        computed = n - cached
+        blocks, evicted_now, created = [], 0, 0
+        for i in range(hit_blocks):
+            e = self.cached[hashes[i]]
+            e["hits"] += 1
+            e["last_hit"] = time.time()
+            self.cached.move_to_end(hashes[i])
+            blocks.append({"index": i, "hash": hashes[i], "event": "hit", "owner": None})
+        # Divergence: the first uncached block's most recent sibling under the same parent.
+        diverged_at = None
+        if hit_blocks < full and found == hit_blocks:
+            par = hashes[hit_blocks - 1] if hit_blocks else "seed"
+            mine = toks[hit_blocks * b : (hit_blocks + 1) * b]
+            sibs = [t for h, t in self.children.get(par + str(salt), []) if h in self.cached and t != mine]
+            if sibs:
+                other = sibs[-1]
+                k = next(j for j in range(b) if other[j] != mine[j])
+                diverged_at = hit_blocks * b + k
+                self.diverged["requests"] += 1
+                self.diverged["within_64"] += diverged_at < 64
+        # Misses, one reason per computed token.
+        reasons = collections.Counter()
+        for i in range(hit_blocks, full):
+            if i < found:
+                reasons["capped_for_logits"] += b
+            elif hashes[i] in self.shadow:
+                reasons["evicted"] += b
+            else:
+                reasons["never_cached"] += b
+        reasons["partial_block"] += n - full * b
+        self.miss.update(reasons)
+        # Allocate and fill the rest.
+        for i in range(hit_blocks, (n + b - 1) // b):
+            blocks.append({"index": i, "hash": None, "event": "allocated", "owner": None})
+            while len(self.cached) >= self.num_blocks:
+                old, e = self.cached.popitem(last=False)
+                self.shadow[old] = None
+                if len(self.shadow) > self.shadow_cap:
+                    self.shadow.popitem(last=False)
+                evicted_now += 1
+                blocks.append({"index": i, "hash": old, "event": "evicted", "owner": e["created_by"]})
+            if i < full:
+                h = hashes[i]
+                blocks.append({"index": i, "hash": h, "event": "filled", "owner": None})
+                if h not in self.cached:
+                    self.cached[h] = {"depth": i + 1, "hits": 0, "created": time.time(), "last_hit": None, "created_by": rid}
+                    par = hashes[i - 1] if i else "seed"
+                    self.children.setdefault(par + str(salt), []).append((h, toks[i * b : (i + 1) * b]))
+                    created += b
+                    self.shadow.pop(h, None)
+        shadow_found = sum(1 for i in range(found, min(full, cap)) if hashes[i] in self.shadow)
+        self.shadow_hits["2x"] += min(shadow_found, 1) * b
+        self.shadow_hits["4x"] += shadow_found * b
+        self.c["prefix_cache_queries"] += n
+        self.c["prefix_cache_hits"] += cached
+        self.c["prompt_tokens"] += n
+        self.c["prompt_tokens_local_compute"] += computed
+        self.c["prompt_tokens_local_cache_hit"] += cached
+        self.c["cache_creation_tokens"] += created
+        self.c["blocks_evicted"] += evicted_now
+        t = self.tenants.setdefault(tenant, collections.Counter())
+        t.update(queries=n, hits=cached, cached_tokens=cached)
+        pc = {
+            "prompt_tokens": n, "cached_tokens": cached, "local_cached_tokens": cached,
+            "external_cached_tokens": 0, "computed_tokens": computed, "cache_creation_tokens": created,
+            "blocks_evicted": evicted_now, "diverged_at": diverged_at, "miss_tokens": dict(reasons),
+        }
+        self.recent.appendleft({
+            "request_id": rid, "prompt_tokens": n, "cached_tokens": cached, "computed_tokens": computed,
+            "cache_creation_tokens": created, "diverged_at": diverged_at, "finish_reason": "length",
+        })
+        self.lifecycle[rid] = {"request_id": rid, "blocks": blocks, "prefix_cache": pc}
+        return pc
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            q = self.c["prefix_cache_queries"]
+            idle = len(self.cached)
+            counters = {k: self.c[k] for k in [
+                "prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+                "external_prefix_cache_hits", "prompt_tokens", "prompt_tokens_local_compute",
+                "prompt_tokens_local_cache_hit", "prompt_tokens_external_kv_transfer",
+                "cache_creation_tokens", "blocks_evicted"]}
+            hits = self.c["prefix_cache_hits"]
+            return {
+                "ts": time.time(),
+                "counters": counters,
+                "gauges": {
+                    "num_requests_running": 0, "num_requests_waiting": 0, "num_blocks": self.num_blocks,
+                    "blocks_in_use": 0, "blocks_cached_idle": idle, "blocks_free": self.num_blocks - idle,
+                    "kv_cache_usage_perc": 0.0,
+                },
+                "miss_tokens": dict(self.miss),
+                "whatif": {
+                    "hit_rate": hits / q if q else 0.0,
+                    "hit_rate_2x": (hits + self.shadow_hits["2x"]) / q if q else 0.0,
+                    "hit_rate_4x": (hits + self.shadow_hits["4x"]) / q if q else 0.0,
+                },
+                "diverged": dict(self.diverged),
+                "tenants": [{"tenant": k, "queries": v["queries"], "hits": v["hits"], "cached_tokens": v["cached_tokens"]}
+                            for k, v in sorted(self.tenants.items())],
+                "recent": list(self.recent),
+            }
+
+    def inspector(self) -> dict:
+        with self.lock:
+            now = time.time()
+            hot = sorted(self.cached.items(), key=lambda kv: -kv[1]["hits"])[:10]
+            return {
+                "pool": {"num_blocks": self.num_blocks, "blocks_in_use": 0, "blocks_cached_idle": len(self.cached),
+                         "blocks_free": self.num_blocks - len(self.cached), "tokens_held": len(self.cached) * BLOCK_SIZE},
+                "hottest": [{"depth": e["depth"], "tokens": e["depth"] * BLOCK_SIZE, "hits": e["hits"],
+                             "age_s": round(now - e["created"], 1),
+                             "last_hit_s": None if e["last_hit"] is None else round(now - e["last_hit"], 1),
+                             "created_by": e["created_by"]} for _, e in hot],
+            }
+
+
+class FakeServer:
+    def __init__(self, upstream: str, key: str):
+        self.cache = ToyCache()
+        self.paths: list[str] = []
+        self.stop = threading.Event()
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):  # quiet
+                pass
+
+            def _json(self, code: int, obj) -> None:
+                body = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _authorized(self) -> bool:
+                if self.headers.get("Authorization", "") == f"Bearer {key}":
+                    return True
+                self._json(401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
+                return False
+
+            def do_GET(self):
+                fake.paths.append(self.path)
+                if self.path.startswith("/dashboard"):
+                    return self._proxy()
+                if not self._authorized():
+                    return
+                if self.path == "/v1/cache":
+                    return self._json(200, fake.cache.inspector())
+                if self.path.startswith("/v1/cache/requests/"):
+                    rid = urllib.parse.unquote(self.path[len("/v1/cache/requests/"):])
+                    life = fake.cache.lifecycle.get(rid)
+                    return self._json(200, life) if life else self._json(404, {"error": {"message": "unknown"}})
+                if self.path == "/v1/cache/stats/stream":
+                    return self._stream()
+                self._json(404, {"error": {"message": "not found"}})
+
+            def do_POST(self):
+                fake.paths.append(self.path)
+                if not self._authorized():
+                    return
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+                if self.path != "/v1/completions":
+                    return self._json(404, {"error": {"message": "not found"}})
+                prompt = body["prompt"]
+                toks = prompt if isinstance(prompt, list) else list(prompt.encode())
+                salt = body.get("cache_salt")
+                tenant = "default" if salt is None else "salt-" + hashlib.sha256(salt.encode()).hexdigest()[:8]
+                rid = self.headers.get("X-Request-Id") or f"cmpl-{len(fake.paths)}"
+                pc = fake.cache.run(rid, toks, salt, tenant)
+                self._json(200, {"id": rid, "object": "text_completion", "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
+                                 "usage": {"prompt_tokens": len(toks), "completion_tokens": 1},
+                                 "metrics": {"prefix_cache": pc}})
+
+            def _stream(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    while not fake.stop.is_set():
+                        data = json.dumps(fake.cache.snapshot())
+                        self.wfile.write(f"event: snapshot\ndata: {data}\n\n".encode())
+                        self.wfile.flush()
+                        fake.stop.wait(1.0)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+                self.close_connection = True
+
+            def _proxy(self):
+                req = urllib.request.Request(upstream + self.path, headers={
+                    k: v for k, v in self.headers.items() if k.lower() in ("if-none-match", "accept")})
+                try:
+                    r = urllib.request.urlopen(req, timeout=10)
+                    code, hdrs, body = r.status, r.headers, r.read()
+                except urllib.error.HTTPError as e:
+                    code, hdrs, body = e.code, e.headers, e.read()
+                self.send_response(code)
+                for k, v in hdrs.items():
+                    if k.lower() not in ("content-length", "connection", "transfer-encoding", "date"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        self.stop.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fixtures.
+
+
+class Target:
+    """Where the browser and the traffic go: the real server, or the fake in front of it."""
+
+    def __init__(self, real, fake: FakeServer | None):
+        self.real = real
+        self.fake = fake
+        self.base_url = fake.base_url if fake else real.base_url
+        self.headers = {"Authorization": f"Bearer {KEY}"}
+
+    def complete(self, prompt, rid: str, salt: str | None = None) -> dict:
+        body = {"model": "cachet-sim", "prompt": prompt, "max_tokens": 1, "temperature": 0}
+        if self.fake is None:
+            body["model"] = self.real.model()
+        if salt is not None:
+            body["cache_salt"] = salt
+        r = requests.post(f"{self.base_url}/v1/completions", json=body,
+                          headers={**self.headers, "X-Request-Id": rid}, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    def urls_seen(self) -> str:
+        """Every request line the data server saw (fake) or its log (real)."""
+        return "\n".join(self.fake.paths) if self.fake else self.real.log()
+
+
+def _start_target(extra: list[str]) -> Target:
+    real = start_server(["--enable-per-request-metrics", *extra], api_key=KEY)
+    fake = None
+    try:
+        r = requests.get(f"{real.base_url}/v1/cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+        use_real = r.status_code == 200 and os.environ.get("CACHET_DASHBOARD_FAKE") != "1"
+        if not use_real:
+            fake = FakeServer(real.base_url, KEY)
+        return Target(real, fake)
+    except BaseException:
+        real.stop()
+        raise
+
+
+def _stop_target(t: Target) -> None:
+    if t.fake:
+        t.fake.close()
+    t.real.stop()
+
+
+@pytest.fixture()
+def target():
+    t = _start_target([])
+    yield t
+    _stop_target(t)
+
+
+@pytest.fixture()
+def browser_page():
+    profile = tempfile.mkdtemp(prefix="cachet-chromium-")
+    with pw.sync_playwright() as p:
+        ctx = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1400, "height": 1000}, color_scheme="light",
+        )
+        page = ctx.pages[0] if ctx.pages else ctx.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        try:
+            yield page, errors
+        finally:
+            ctx.close()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def _text(page, sel: str) -> str:
+    return page.locator(sel).inner_text().strip()
+
+
+def _wait_text(page, sel: str, want: str) -> None:
+    page.wait_for_function(
+        "([sel, want]) => { const e = document.querySelector(sel); return e && e.textContent.trim() === want; }",
+        arg=[sel, want], timeout=WAIT_MS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tests.
+
+
+def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
+    page, errors = browser_page
+    page.goto(f"{target.base_url}/dashboard#key={KEY}")
+    # The key leaves the address bar at once; it is sent as a header only.
+    assert "key=" not in page.url
+    _wait_text(page, "#conn", "live")
+    page.wait_for_function("() => window.cachetDashboard.snapshots >= 2", timeout=WAIT_MS)
+    assert _text(page, "#t-prompt") == "0"
+    assert _text(page, "#t-hit") == "–"
+    n0 = page.evaluate("window.cachetDashboard.series.hit[0].length")
+
+    a = target.complete(PROMPT, "dash-req-a")
+    b = target.complete(PROMPT, "dash-req-b")
+    assert a["metrics"]["prefix_cache"]["cached_tokens"] == 0
+    assert b["metrics"]["prefix_cache"]["cached_tokens"] == 48
+
+    # Numbers derived from the traffic (see the module docstring).
+    _wait_text(page, "#t-prompt", "128")
+    _wait_text(page, "#t-hit", "37.5 %")
+    # The charts kept growing, one point a snapshot, and the hit-rate series saw the hit.
+    page.wait_for_function(f"() => window.cachetDashboard.series.hit[0].length >= {n0 + 2}", timeout=WAIT_MS)
+    assert page.evaluate("window.cachetDashboard.charts.hit.data[0].length") >= n0 + 2
+    assert page.evaluate("window.cachetDashboard.series.hit[1].some(v => v != null && v > 0)")
+    n_src = page.evaluate("window.cachetDashboard.series.src[2].filter(v => v != null).reduce((a, v) => a + v, 0)")
+    assert n_src > 0, "computed tokens per second never moved"
+
+    # Prompt tokens by source, as numbers beside the chart.
+    src = _text(page, "#n-src")
+    assert "48 total" in src and "80 total" in src, src
+
+    # Miss reasons: 64 never cached (A), 16 kept for logits (B).
+    _wait_text(page, '#miss li[data-reason="never_cached"] .num', "64 (80 %)")
+    assert _text(page, '#miss li[data-reason="capped_for_logits"] .num') == "16 (20 %)"
+
+    # Per-tenant: everything under "default".
+    row = page.locator('#tenants tr[data-tenant="default"]')
+    assert [c.strip() for c in row.locator("td").all_inner_texts()] == ["37.5 %", "128", "48", "48"]
+
+    # The last requests, newest first, each with its cached / computed / created split.
+    page.wait_for_selector('#recent button[data-request-id="dash-req-b"]', timeout=WAIT_MS)
+    ids = page.eval_on_selector_all("#recent button", "bs => bs.map(b => b.dataset.requestId)")
+    assert ids[:2] == ["dash-req-b", "dash-req-a"], ids
+    text_b = _text(page, '#recent button[data-request-id="dash-req-b"] .rtext')
+    text_a = _text(page, '#recent button[data-request-id="dash-req-a"] .rtext')
+    assert text_b.startswith("48 cached · 16 computed · 0 created / 64"), text_b
+    assert text_a.startswith("0 cached · 64 computed · 64 created / 64"), text_a
+    widths = page.eval_on_selector_all(
+        '#recent button[data-request-id="dash-req-b"] .rbar span', "ss => ss.map(s => s.style.width)")
+    assert widths == ["75%", "25%", "0%"], widths
+
+    # Clicking a request opens its block lifecycle.
+    page.click('#recent button[data-request-id="dash-req-b"]')
+    page.wait_for_selector('#life-blocks tr[data-event="hit"]', timeout=WAIT_MS)
+    assert _text(page, "#life-id") == "dash-req-b"
+    assert page.locator('#life-blocks tr[data-event="hit"]').count() == 3
+    assert _text(page, '#life-fields dd[data-field="cached_tokens"]') == "48"
+    assert _text(page, '#life-fields dd[data-field="computed_tokens"]') == "16"
+    assert page.get_attribute('#recent button[data-request-id="dash-req-b"]', "aria-pressed") == "true"
+
+    # Hottest prefixes (polled every 5 s): the 4 blocks A created, the first 3 hit once by B.
+    page.wait_for_function("() => document.querySelectorAll('#hottest tr td.mono').length >= 4", timeout=WAIT_MS)
+    created_by = [t.strip() for t in page.locator("#hottest td.mono").all_inner_texts()]
+    assert set(created_by) == {"dash-req-a"}, created_by
+
+    # The key never travelled in a URL.
+    assert KEY not in target.urls_seen()
+    assert not errors, errors
+
+
+def test_dashboard_asks_for_the_key(target, browser_page):
+    page, errors = browser_page
+    page.goto(f"{target.base_url}/dashboard")
+    page.wait_for_selector("#keyform:not([hidden])", timeout=WAIT_MS)
+    _wait_text(page, "#conn", "API key needed")
+    page.fill("#keyinput", "not-the-key")
+    page.click("#keyform button")
+    _wait_text(page, "#conn", "wrong API key")
+    page.fill("#keyinput", KEY)
+    page.click("#keyform button")
+    _wait_text(page, "#conn", "live")
+    assert page.is_hidden("#keyform")
+    page.wait_for_function("() => window.cachetDashboard.snapshots >= 1", timeout=WAIT_MS)
+    # The 401s are the browser's console errors for the refused fetches; nothing else.
+    assert all("401" in e for e in errors), errors
+
+
+def test_dashboard_page_is_served_from_the_binary(target):
+    # The real binary's route, not the fake's proxy, and every asset it links.
+    r = requests.get(f"{target.real.base_url}/dashboard", timeout=10)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert "default-src 'none'" in r.headers["Content-Security-Policy"]
+    links = [x for x in re.findall(r'(?:src|href)="([^"]+)"', r.text) if not x.startswith("data:")]
+    assert len(links) == 4, links
+    for link in links:
+        a = requests.get(f"{target.real.base_url}{link}", timeout=10)
+        assert a.status_code == 200, link
+        assert a.headers["Cache-Control"] == "public, max-age=31536000, immutable", link
+        assert a.headers["Content-Type"].startswith("text/javascript" if link.split("?")[0].endswith(".js") else "text/css")
+    again = requests.get(f"{target.real.base_url}/dashboard", headers={"If-None-Match": r.headers["ETag"]}, timeout=10)
+    assert again.status_code == 304
+
+
+@pytest.mark.skipif(not os.environ.get("CACHET_DASHBOARD_SCREENSHOT"), reason="set CACHET_DASHBOARD_SCREENSHOT=PATH to take the README picture")
+def test_dashboard_screenshot(browser_page):
+    """A mixed workload (shared system prompt, per-user turns, a nonce, two tenants, a pool small
+    enough to evict), then a picture of the page."""
+    t = _start_target(["--num-kv-blocks", "64"])
+    try:
+        page, _ = browser_page
+        page.goto(f"{t.base_url}/dashboard#key={KEY}")
+        _wait_text(page, "#conn", "live")
+        system = list(range(5000, 5048))
+        n = 0
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            n += 1
+            user = n % 5
+            turn = system + [6000 + user] * 16 + list(range(7000 + 40 * user, 7000 + 40 * user + 8 + n % 23))
+            t.complete(turn, f"chat-{n:03d}", salt="team-b" if user == 4 else None)
+            if n % 7 == 0:  # a per-request nonce at token 37 of the system prompt
+                t.complete(system[:37] + [90000 + n] + system[38:] + [1] * 20, f"nonce-{n:03d}")
+            if n % 9 == 0:  # something long and new, to push older blocks out
+                t.complete(list(range(20000 + 1000 * n, 20000 + 1000 * n + 300)), f"batch-{n:03d}")
+            time.sleep(0.15)
+        page.wait_for_timeout(2500)
+        page.click("#recent button >> nth=1")
+        page.wait_for_selector("#life-blocks tr", timeout=WAIT_MS)
+        page.wait_for_timeout(800)
+        out = pathlib.Path(os.environ["CACHET_DASHBOARD_SCREENSHOT"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(out), full_page=True)
+    finally:
+        _stop_target(t)
