@@ -23,6 +23,7 @@ pub mod rng;
 pub mod serve;
 pub mod sse;
 pub mod stats;
+pub mod tiers;
 pub mod workload;
 
 use clap::{Args, Subcommand};
@@ -52,6 +53,10 @@ pub enum BenchCmd {
     /// KL divergence, top-1 agreement and perplexity shift of the served path against exact
     /// f32 arithmetic on a fixed text.
     Fidelity(fidelity::FidelityArgs),
+    /// External KV tiers on the real model: time to first token computed vs loaded from the
+    /// host tier vs Redis, where a load's time goes, and a shared-prefix workload on two
+    /// instances behind one Redis vs one instance; writes docs/benchmarks.md.
+    Tiers(tiers::TiersArgs),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -84,6 +89,10 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Fidelity(a) => {
             let rep = fidelity::bench_fidelity(&a)?;
             print!("{}", fidelity::table(&rep, false));
+        }
+        BenchCmd::Tiers(a) => {
+            let rep = runtime()?.block_on(tiers::bench_tiers(&a))?;
+            print!("{}", tiers::markdown(&rep));
         }
     }
     Ok(())
