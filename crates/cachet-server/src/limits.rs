@@ -10,12 +10,17 @@
 //! - The body must arrive within `--body-read-timeout` seconds of the headers: the body is
 //!   wrapped so that reading it fails with [`BodyTimedOut`] after the deadline (408), however
 //!   slowly or steadily the client trickles it.
+//! - A request whose body is over [`LARGE_BODY_BYTES`] (or chunked) first takes one of
+//!   `--max-large-requests` slots, waiting for one without reading its body, and holds it until
+//!   its response starts: that bounds the large bodies held in memory and the threads their
+//!   tokenization takes ([`crate::offload`]). Its body deadline starts once it has a slot.
 //!
 //! The time to send the headers is bounded by the listener (`--header-read-timeout`, in
 //! [`crate::serve_on`]).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -26,6 +31,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
 use thiserror::Error;
+use tokio::sync::Semaphore;
 
 use crate::cors::{is_preflight, Cors};
 use crate::error::{ApiError, Shape};
@@ -38,7 +44,13 @@ pub struct HttpPolicy {
     /// `None`: bodies may take as long as they like.
     pub body_read_timeout: Option<Duration>,
     pub cors: Cors,
+    /// The `--max-large-requests` slots.
+    pub large: Arc<Semaphore>,
 }
+
+/// A body over this many bytes makes a request large (the size above which tokenization
+/// leaves the runtime's threads).
+pub const LARGE_BODY_BYTES: u64 = crate::offload::INLINE_TEXT_BYTES as u64;
 
 impl HttpPolicy {
     pub fn from_args(args: &ServerArgs) -> Self {
@@ -46,6 +58,9 @@ impl HttpPolicy {
             max_body_bytes: args.max_body_bytes,
             body_read_timeout: positive_secs(args.body_read_timeout),
             cors: Cors::new(&args.allowed_origins),
+            large: Arc::new(Semaphore::new(
+                args.max_large_requests.clamp(1, Semaphore::MAX_PERMITS),
+            )),
         }
     }
 }
@@ -157,6 +172,13 @@ pub async fn guard(State(state): State<AppState>, req: Request, next: Next) -> R
     if sends_body && !is_json(req.headers()) {
         return refuse(ApiError::UnsupportedMediaType);
     }
+    let large = sends_body && declared_length(req.headers()).is_none_or(|n| n > LARGE_BODY_BYTES);
+    let _slot = if large {
+        // Closed never: the semaphore lives as long as the policy.
+        Arc::clone(&policy.large).acquire_owned().await.ok()
+    } else {
+        None
+    };
     let req = match (sends_body, policy.body_read_timeout) {
         (true, Some(t)) => req.map(|inner| {
             Body::new(DeadlineBody {

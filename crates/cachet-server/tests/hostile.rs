@@ -964,3 +964,73 @@ async fn made_up_methods_do_not_grow_the_metrics() {
         50.0
     );
 }
+
+/// `--max-large-requests 1`: while one request with a body over 32 KiB is in flight, a second
+/// one waits without reaching the engine; a small request does not wait; the second runs once
+/// the first is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_requests_wait_for_a_slot() {
+    let h = start(Opts {
+        step_ms: 5,
+        ..Opts::default()
+    });
+    let args = ServerArgs {
+        max_large_requests: 1,
+        ..ServerArgs::default()
+    };
+    let app = router(AppState::new(
+        h.engine.clone(),
+        h.tokenizer.clone(),
+        h.metrics.clone(),
+        &args,
+    ));
+    // A short prompt, padded with 40 KB of JSON whitespace: a large body.
+    let large = |tag: &str| {
+        let body = format!(
+            "{}{}",
+            json!({"prompt": tag, "max_tokens": 40, "ignore_eos": true}),
+            " ".repeat(40_000)
+        );
+        Request::post("/v1/completions")
+            .header("content-type", "application/json")
+            .header("content-length", body.len())
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let live = |h: &Harness| {
+        let g = h.engine.gauges();
+        g.num_requests_running + g.num_requests_waiting
+    };
+    let first = tokio::spawn({
+        let app = app.clone();
+        let req = large("first");
+        async move { send(&app, req).await.0 }
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while live(&h) < 1 {
+        assert!(Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let second = tokio::spawn({
+        let app = app.clone();
+        let req = large("second");
+        async move { send(&app, req).await.0 }
+    });
+    // A small request is served meanwhile.
+    let small = Request::post("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            json!({"prompt": "s", "max_tokens": 1}).to_string(),
+        ))
+        .unwrap();
+    assert_eq!(send(&app, small).await.0, StatusCode::OK);
+    // The second large one never reached the engine while the first was running.
+    let mut peak = 0;
+    while !first.is_finished() {
+        peak = peak.max(live(&h));
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    assert!(peak <= 1, "{peak} large requests in the engine at once");
+    assert_eq!(second.await.unwrap(), StatusCode::OK);
+}
