@@ -110,6 +110,18 @@ class ToyCache:
         hit_blocks = min(found, cap)
         cached = hit_blocks * b
         computed = n - cached
+        # What-if: an LRU pool k times larger holds what this one holds plus the (k-1) * num_blocks
+        # most recently evicted hashes; its hit is the run of leading blocks found there.
+        rank = {h: i for i, h in enumerate(reversed(self.shadow))}  # 0: evicted last
+
+        def reach(extra: int) -> int:
+            k = 0
+            while k < cap and k < full and (hashes[k] in self.cached or rank.get(hashes[k], extra) < extra):
+                k += 1
+            return k
+
+        self.shadow_hits["2x"] += (reach(self.num_blocks) - hit_blocks) * b
+        self.shadow_hits["4x"] += (reach(3 * self.num_blocks) - hit_blocks) * b
         blocks, evicted_now, created = [], 0, 0
         for i in range(hit_blocks):
             e = self.cached[hashes[i]]
@@ -159,9 +171,6 @@ class ToyCache:
                     self.children.setdefault(par + str(salt), []).append((h, toks[i * b : (i + 1) * b]))
                     created += b
                     self.shadow.pop(h, None)
-        shadow_found = sum(1 for i in range(found, min(full, cap)) if hashes[i] in self.shadow)
-        self.shadow_hits["2x"] += min(shadow_found, 1) * b
-        self.shadow_hits["4x"] += shadow_found * b
         self.c["prefix_cache_queries"] += n
         self.c["prefix_cache_hits"] += cached
         self.c["prompt_tokens"] += n
@@ -537,24 +546,42 @@ def test_dashboard_screenshot(browser_page):
         page.goto(f"{t.base_url}/dashboard#key={KEY}")
         _wait_text(page, "#conn", "live")
         system = list(range(5000, 5048))
-        n = 0
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            n += 1
-            user = n % 5
-            turn = system + [6000 + user] * 16 + list(range(7000 + 40 * user, 7000 + 40 * user + 8 + n % 23))
-            t.complete(turn, f"chat-{n:03d}", salt="team-b" if user == 4 else None)
-            if n % 7 == 0:  # a per-request nonce at token 37 of the system prompt
-                t.complete(system[:37] + [90000 + n] + system[38:] + [1] * 20, f"nonce-{n:03d}")
-            if n % 9 == 0:  # something long and new, to push older blocks out
-                t.complete(list(range(20000 + 1000 * n, 20000 + 1000 * n + 300)), f"batch-{n:03d}")
-            time.sleep(0.15)
-        page.wait_for_timeout(2500)
-        page.click("#recent button >> nth=1")
-        page.wait_for_selector("#life-blocks tr", timeout=WAIT_MS)
-        page.wait_for_timeout(800)
-        out = pathlib.Path(os.environ["CACHET_DASHBOARD_SCREENSHOT"])
-        out.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(out), full_page=True)
+        stop = threading.Event()
+        failed: list[BaseException] = []
+
+        def traffic() -> None:
+            n = 0
+            try:
+                while not stop.is_set():
+                    n += 1
+                    user = n % 5
+                    turn = system + [6000 + user] * 16 + list(range(7000 + 40 * user, 7000 + 40 * user + 8 + n % 23))
+                    t.complete(turn, f"chat-{n:03d}", salt="team-b" if user == 4 else None)
+                    if n % 7 == 0:  # a per-request nonce at token 37 of the system prompt
+                        t.complete(system[:37] + [90000 + n] + system[38:] + [1] * 20, f"nonce-{n:03d}")
+                    doc = n % 6  # six documents asked about in turn, pushed out by the batches below
+                    t.complete(list(range(30000 + 100 * doc, 30000 + 100 * doc + 80)) + [40000 + n] * 5, f"doc-{n:03d}")
+                    if n % 9 == 0:  # something long and new, to push older blocks out
+                        t.complete(list(range(20000 + 1000 * n, 20000 + 1000 * n + 300)), f"batch-{n:03d}")
+                    stop.wait(0.15)
+            except BaseException as e:  # reported by the test below
+                failed.append(e)
+
+        th = threading.Thread(target=traffic, daemon=True)
+        th.start()
+        try:
+            # The traffic keeps running while the picture is taken, so the rates are live.
+            page.wait_for_timeout(20000)
+            page.click("#recent button >> nth=1")
+            page.wait_for_selector("#life-blocks tr", timeout=WAIT_MS)
+            page.mouse.move(0, 0)  # no hover highlight in the picture
+            page.wait_for_timeout(1200)
+            out = pathlib.Path(os.environ["CACHET_DASHBOARD_SCREENSHOT"])
+            out.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(out), full_page=True)
+        finally:
+            stop.set()
+            th.join(timeout=30)
+        assert not failed, failed
     finally:
         _stop_target(t)
