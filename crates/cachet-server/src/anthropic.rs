@@ -499,6 +499,8 @@ fn aborted(gen: &Generation) -> Final {
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
         error: None,
+        seq: 0,
+        last: true,
     }
 }
 

@@ -104,7 +104,14 @@ macro_rules! common {
             yes("logit_bias", "token-id keys, values in [-100, 100]"),
             yes("seed", "same seed, same output, whatever the batch"),
             yes("stop", "up to 64 strings"),
-            yes("n", "1 (several choices: not yet)"),
+            yes(
+                "n",
+                "up to 64 choices from one prefill (not with a grammar or a session)",
+            ),
+            yes(
+                "prompt_logprobs",
+                "vLLM extension: logprobs of the prompt's tokens (no cache read)",
+            ),
             yes("top_k", "vLLM extension"),
             yes("min_p", "vLLM extension"),
             yes("repetition_penalty", "vLLM extension"),
@@ -132,7 +139,7 @@ macro_rules! common {
     };
 }
 
-const COMMON: [Field; 28] = common!();
+const COMMON: [Field; 29] = common!();
 
 const CHAT_ONLY: [Field; 28] = [
     yes(
@@ -199,9 +206,15 @@ const CHAT_ONLY: [Field; 28] = [
 ];
 
 const COMPLETIONS_ONLY: [Field; 4] = [
-    yes("prompt", "a string or token ids (one prompt per request)"),
+    yes(
+        "prompt",
+        "a string, token ids, or a list of either (one request each; not streamed)",
+    ),
     yes("logprobs", "up to 20 alternatives"),
-    rejected("echo", "prompt logprobs are not available yet", never),
+    yes(
+        "echo",
+        "the prompt first; with logprobs, its tokens' logprobs (max_tokens may be 0)",
+    ),
     rejected("suffix", "no fill-in-the-middle", empty_string),
 ];
 
@@ -397,11 +410,7 @@ mod tests {
         );
         let e = check_rest(Route::Messages, &m(json!({"frobnicate": 1}))).unwrap_err();
         assert_eq!(e.to_string(), "frobnicate: Extra inputs are not permitted");
-        assert!(check_rest(
-            Route::Completions,
-            &m(json!({"suffix": "", "best_of": 1, "echo": false}))
-        )
-        .is_ok());
+        assert!(check_rest(Route::Completions, &m(json!({"suffix": "", "best_of": 1}))).is_ok());
         assert!(check_rest(Route::Completions, &m(json!({"suffix": "x"}))).is_err());
         assert!(check_rest(Route::Completions, &m(json!({"best_of": 2}))).is_err());
         assert!(check_rest(

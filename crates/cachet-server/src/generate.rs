@@ -71,13 +71,30 @@ pub struct Final {
     pub tokens_received: u64,
     /// Set when the engine failed (the response is an error).
     pub error: Option<EngineFailure>,
+    /// Which sequence (choice) ended; the request's last final holds the finished record.
+    pub seq: u32,
+    /// Every sequence of the request has ended with this one.
+    pub last: bool,
 }
 
-/// New text (possibly empty) and, when asked for, the sampled tokens with their logprobs.
+/// New text (possibly empty) of sequence `seq` and, when asked for, the sampled tokens with
+/// their logprobs.
 #[derive(Clone, Debug, Default)]
 pub struct Delta {
+    pub seq: u32,
     pub text: String,
     pub tokens: Vec<Sampled>,
+}
+
+/// One sequence's text state.
+struct Seq {
+    detok: IncrementalDetokenizer,
+    stop: StopMatcher,
+    stop_hit: Option<String>,
+    tokens_received: u64,
+    /// Generated tokens as the engine counted them (from the sequence's finished record).
+    generated: Option<u64>,
+    done: bool,
 }
 
 #[derive(Debug)]
@@ -91,17 +108,15 @@ pub struct Generation {
     state: AppState,
     stream: RequestStream,
     request_id: String,
-    detok: IncrementalDetokenizer,
     /// With special tokens kept (tool-call markers that are control tokens): the ids that end
     /// the request (EOS, stop tokens), never text.
     drop_ids: Option<Vec<u32>>,
-    stop: StopMatcher,
+    seqs: Vec<Seq>,
     want_tokens: bool,
     prompt_len: usize,
-    tokens_received: u64,
     report: Option<Report>,
     session: Option<SessionInfo>,
-    stop_hit: Option<String>,
+    prompt_logprobs: Option<Vec<Sampled>>,
     queue: VecDeque<GenEvent>,
     done: bool,
 }
@@ -176,8 +191,22 @@ impl Generation {
         let prompt_len = draft.prompt.len();
         let request_id = draft.label.to_string();
         // Stop strings are bounded in count and size (one automaton matches them all).
-        let stop =
-            StopMatcher::new(stop).map_err(|e| ApiError::bad_param("stop", e.to_string()))?;
+        let n = draft.n.max(1);
+        let mut seqs = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            seqs.push(Seq {
+                detok: IncrementalDetokenizer::new(
+                    Arc::clone(state.tokenizer()),
+                    skip_special_tokens,
+                ),
+                stop: StopMatcher::new(stop.clone())
+                    .map_err(|e| ApiError::bad_param("stop", e.to_string()))?,
+                stop_hit: None,
+                tokens_received: 0,
+                generated: None,
+                done: false,
+            });
+        }
         let engine = state.engine();
         let valid = engine.limits().validate(draft).map_err(map_invalid)?;
         let stream = engine.add_request(valid).await.map_err(map_add_error)?;
@@ -185,15 +214,13 @@ impl Generation {
             state: state.clone(),
             stream,
             request_id,
-            detok: IncrementalDetokenizer::new(Arc::clone(state.tokenizer()), skip_special_tokens),
             drop_ids,
-            stop,
+            seqs,
             want_tokens,
             prompt_len,
-            tokens_received: 0,
             report: None,
             session: None,
-            stop_hit: None,
+            prompt_logprobs: None,
             queue: VecDeque::new(),
             done: false,
         })
@@ -241,62 +268,117 @@ impl Generation {
                     self.end(None, died);
                 }
                 Some(out) => {
-                    if out.report.is_some() {
-                        self.report = out.report.map(|r| *r);
+                    let si = (out.seq as usize).min(self.seqs.len().saturating_sub(1));
+                    if let Some(r) = out.report.map(|r| *r) {
+                        // A forked sequence's report has no prompt of its own (the first
+                        // sequence's covers it, computed once): only its token count is kept.
+                        if let (Some(f), Some(seq)) = (&r.finished, self.seqs.get_mut(si)) {
+                            seq.generated = Some(f.generation_tokens);
+                        }
+                        if si == 0 || self.report.is_none() {
+                            self.report = Some(r);
+                        }
                     }
                     if out.session.is_some() {
                         self.session = out.session;
                     }
-                    self.tokens_received += out.tokens.len() as u64;
-                    let mut delta = Delta::default();
-                    if self.stop_hit.is_none() {
+                    if out.prompt_logprobs.is_some() {
+                        self.prompt_logprobs = out.prompt_logprobs;
+                    }
+                    let handle = self.stream.handle();
+                    let engine = self.state.engine().clone();
+                    let n = self.seqs.len();
+                    let drop_ids = self.drop_ids.clone();
+                    let want_tokens = self.want_tokens;
+                    let Some(seq) = self.seqs.get_mut(si) else {
+                        continue;
+                    };
+                    seq.tokens_received += out.tokens.len() as u64;
+                    let mut delta = Delta {
+                        seq: si as u32,
+                        ..Delta::default()
+                    };
+                    if seq.stop_hit.is_none() {
                         let ids: Vec<u32> = out
                             .tokens
                             .iter()
                             .map(|s| s.token)
-                            .filter(|t| !self.drop_ids.as_ref().is_some_and(|d| d.contains(t)))
+                            .filter(|t| !drop_ids.as_ref().is_some_and(|d| d.contains(t)))
                             .collect();
-                        let text = self.detok.push(&ids).unwrap_or_default();
-                        let outcome = self.stop.push(&text);
+                        let text = seq.detok.push(&ids).unwrap_or_default();
+                        let outcome = seq.stop.push(&text);
                         delta.text = outcome.emit;
-                        if self.want_tokens {
+                        if want_tokens {
                             delta.tokens = out.tokens;
                         }
                         if let Some(i) = outcome.matched {
-                            let s = self.stop.stops().get(i).cloned().unwrap_or_default();
-                            self.stop_hit = Some(s);
+                            let s = seq.stop.stops().get(i).cloned().unwrap_or_default();
+                            seq.stop_hit = Some(s);
                             if out.finish_reason.is_none() {
-                                self.state
-                                    .engine()
-                                    .finish(self.stream.handle(), FinishReason::Stop);
+                                if n == 1 {
+                                    engine.finish(handle, FinishReason::Stop);
+                                } else {
+                                    engine.finish_seq(handle, si as u32, FinishReason::Stop);
+                                }
                             }
                         }
                     }
-                    if out.finish_reason.is_some() && self.stop_hit.is_none() {
+                    if out.finish_reason.is_some() && seq.stop_hit.is_none() {
                         // Release what the detokenizer and the stop matcher still hold.
-                        let tail = self.detok.flush().unwrap_or_default();
-                        let outcome = self.stop.push(&tail);
+                        let tail = seq.detok.flush().unwrap_or_default();
+                        let outcome = seq.stop.push(&tail);
                         delta.text.push_str(&outcome.emit);
                         if let Some(i) = outcome.matched {
-                            self.stop_hit =
-                                Some(self.stop.stops().get(i).cloned().unwrap_or_default());
+                            seq.stop_hit =
+                                Some(seq.stop.stops().get(i).cloned().unwrap_or_default());
                         } else {
-                            delta.text.push_str(&self.stop.flush());
+                            delta.text.push_str(&seq.stop.flush());
                         }
                     }
                     if !delta.text.is_empty() || !delta.tokens.is_empty() {
                         self.queue.push_back(GenEvent::Delta(delta));
                     }
-                    if let Some(reason) = out.finish_reason {
-                        self.end(Some(reason), out.error);
+                    if out.error.is_some() {
+                        // The engine failed: every sequence ends with this output.
+                        let err = out.error;
+                        for i in 0..self.seqs.len() {
+                            if !self.seqs[i].done {
+                                self.end_seq(i, Some(FinishReason::Error), err.clone());
+                            }
+                        }
+                    } else if let Some(reason) = out.finish_reason {
+                        self.end_seq(si, Some(reason), None);
                     }
                 }
             }
         }
     }
 
+    /// Prompt logprobs (one per prompt token after the first), once the engine sent them.
+    pub fn prompt_logprobs(&self) -> Option<&[Sampled]> {
+        self.prompt_logprobs.as_deref()
+    }
+
+    /// Sequences of the request (`n`).
+    pub fn num_seqs(&self) -> usize {
+        self.seqs.len()
+    }
+
     fn end(&mut self, reason: Option<FinishReason>, error: Option<EngineFailure>) {
-        let stop = match (&self.stop_hit, reason, &error) {
+        for i in 0..self.seqs.len() {
+            if !self.seqs[i].done {
+                self.end_seq(i, reason, error.clone());
+            }
+        }
+        self.done = true;
+    }
+
+    fn end_seq(&mut self, si: usize, reason: Option<FinishReason>, error: Option<EngineFailure>) {
+        let Some(seq) = self.seqs.get_mut(si) else {
+            return;
+        };
+        seq.done = true;
+        let stop = match (&seq.stop_hit, reason, &error) {
             (_, _, Some(_)) | (None, Some(FinishReason::Error), _) => StopKind::Error,
             (Some(s), _, _) => StopKind::StopString(s.clone()),
             (None, Some(FinishReason::Stop), _) => StopKind::Eos,
@@ -307,14 +389,32 @@ impl Generation {
             (true, None) => Some(EngineFailure::Model("the request failed".into())),
             (_, e) => e,
         };
+        let tokens_received = self.seqs.iter().map(|s| s.tokens_received).sum();
+        let last = self.seqs.iter().all(|s| s.done);
+        let mut report = self.report.clone();
+        if last && self.seqs.len() > 1 {
+            // Usage counts every sequence's tokens (OpenAI's `n`), the prompt once.
+            let total = self
+                .seqs
+                .iter()
+                .map(|s| s.generated.unwrap_or(s.tokens_received))
+                .sum();
+            if let Some(f) = report.as_mut().and_then(|r| r.finished.as_mut()) {
+                f.generation_tokens = total;
+            }
+        }
         self.queue.push_back(GenEvent::Done(Box::new(Final {
             stop,
-            report: self.report.clone(),
+            report,
             session: self.session.clone(),
             prompt_len: self.prompt_len,
-            tokens_received: self.tokens_received,
+            tokens_received,
             error,
+            seq: si as u32,
+            last,
         })));
-        self.done = true;
+        if last {
+            self.done = true;
+        }
     }
 }

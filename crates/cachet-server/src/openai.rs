@@ -100,6 +100,10 @@ pub struct CommonParams {
     /// vLLM's `skip_special_tokens` (default true).
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's `prompt_logprobs`: the logprob of every prompt token after the first, with this
+    /// many alternatives (the request does not read the prefix cache).
+    #[serde(default)]
+    pub prompt_logprobs: Option<u32>,
     /// vLLM's guided decoding (see [`Guided`]; not flattened: a flattened struct inside a
     /// flattened struct would hide every field from the unknown-field check).
     #[serde(default)]
@@ -131,6 +135,7 @@ impl CommonParams {
             min_tokens: self.min_tokens,
             n: self.n,
             logprobs,
+            zero_max_tokens: false,
         }
     }
 
@@ -152,6 +157,19 @@ impl CommonParams {
         d.cache_salt = self.cache_salt.clone();
         d.priority = self.priority.unwrap_or(0);
         d.session_id = session_id.map(std::sync::Arc::from);
+        d.n = self.n.unwrap_or(1);
+        d.prompt_logprobs = self.prompt_logprobs;
+        if let Some(k) = self.prompt_logprobs {
+            if k > crate::sampling::MAX_TOP_LOGPROBS {
+                return Err(ApiError::bad_param(
+                    "prompt_logprobs",
+                    format!(
+                        "At most {} alternatives per prompt token, got {k}.",
+                        crate::sampling::MAX_TOP_LOGPROBS
+                    ),
+                ));
+            }
+        }
         Ok(d)
     }
 
@@ -232,6 +250,9 @@ pub struct CompletionRequest {
     /// extends this one's prompt and completion.
     #[serde(default)]
     pub session_id: Option<String>,
+    /// Return the prompt before the completion (with its logprobs when `logprobs` is set).
+    #[serde(default)]
+    pub echo: Option<bool>,
     /// Every other field: checked against the field table ([`crate::fields`]).
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -301,21 +322,221 @@ enum Kind {
     Completion,
 }
 
-/// Runs a generation to its end, collecting text and logprob tokens.
-async fn collect(gen: &mut Generation) -> (String, Vec<Sampled>, Option<Box<Final>>) {
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let mut fin = None;
+/// What a completions request echoes: the prompt's text and ids (its logprobs come from the
+/// engine when asked).
+#[derive(Clone, Debug, Default)]
+struct Echo {
+    text: String,
+    ids: Vec<u32>,
+}
+
+/// How the choices of one generation are written.
+#[derive(Clone, Debug, Default)]
+struct Shape {
+    /// The first choice's `index` (several prompts: prompt i starts at i * n).
+    index_base: usize,
+    echo: Option<Echo>,
+    /// vLLM's `prompt_logprobs` were asked for.
+    prompt_logprobs: bool,
+}
+
+/// One generation run to its end: one choice per sequence, and the request's last final.
+struct Collected {
+    choices: Vec<Value>,
+    last: Final,
+    prompt_logprobs: Option<Vec<Sampled>>,
+}
+
+async fn collect_choices(
+    tok: &dyn TextTokenizer,
+    gen: &mut Generation,
+    kind: Kind,
+    tools: ChatTools,
+    shape: &Shape,
+) -> Result<Collected, ApiError> {
+    let n = gen.num_seqs();
+    let mut texts = vec![String::new(); n];
+    let mut tokens: Vec<Vec<Sampled>> = vec![Vec::new(); n];
+    let mut finals: Vec<Option<Final>> = vec![None; n];
+    let mut last = None;
     while let Some(ev) = gen.next().await {
         match ev {
-            GenEvent::Delta(Delta { text: t, tokens: s }) => {
-                text.push_str(&t);
-                tokens.extend(s);
+            GenEvent::Delta(Delta {
+                seq,
+                text,
+                tokens: t,
+            }) => {
+                if let Some(x) = texts.get_mut(seq as usize) {
+                    x.push_str(&text);
+                }
+                if let Some(x) = tokens.get_mut(seq as usize) {
+                    x.extend(t);
+                }
             }
-            GenEvent::Done(f) => fin = Some(f),
+            GenEvent::Done(f) => {
+                if f.last {
+                    last = Some(f.clone());
+                }
+                if let Some(x) = finals.get_mut(f.seq as usize) {
+                    *x = Some(*f);
+                }
+            }
         }
     }
-    (text, tokens, fin)
+    let last = final_or_abort(gen, last);
+    if let Some(e) = &last.error {
+        return Err(ApiError::Internal(e.to_string()));
+    }
+    let plp = gen.prompt_logprobs().map(<[Sampled]>::to_vec);
+    let mut choices = Vec::with_capacity(n);
+    for (i, (text, toks)) in texts.into_iter().zip(tokens).enumerate() {
+        let fin = finals[i].clone().unwrap_or_else(|| last.clone());
+        let index = shape.index_base + i;
+        let want_lp = !toks.is_empty();
+        let choice = match kind {
+            Kind::Chat => {
+                let (content, calls) = match tools.format {
+                    Some(f) => {
+                        let (c, mut calls) = cachet_text::parse_tool_calls(f, &text);
+                        if !tools.parallel {
+                            calls.truncate(1);
+                        }
+                        (c, calls)
+                    }
+                    None => (text, Vec::new()),
+                };
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    let format = tools.format.unwrap_or(ToolFormat::Generic);
+                    let tc = crate::tools::to_tool_calls(&calls, format);
+                    if content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = serde_json::to_value(&tc).unwrap_or_default();
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": if want_lp { chat_logprobs(tok, &toks) } else { Value::Null },
+                    "finish_reason": finish_reason(&fin, !calls.is_empty()),
+                    "stop_reason": stop_reason(&fin),
+                })
+            }
+            Kind::Completion => {
+                let (full, logprobs) = match &shape.echo {
+                    Some(e) => {
+                        let lp = (want_lp || plp.is_some()).then(|| {
+                            echo_logprobs(tok, e, plp.as_deref().unwrap_or_default(), &toks)
+                        });
+                        (format!("{}{text}", e.text), lp.unwrap_or(Value::Null))
+                    }
+                    None => {
+                        let lp = if want_lp {
+                            completion_logprobs(tok, &toks, &mut 0)
+                        } else {
+                            Value::Null
+                        };
+                        (text, lp)
+                    }
+                };
+                let mut c = json!({
+                    "index": index,
+                    "text": full,
+                    "logprobs": logprobs,
+                    "finish_reason": fin.stop.openai(),
+                    "stop_reason": stop_reason(&fin),
+                });
+                if shape.prompt_logprobs {
+                    c["prompt_logprobs"] = vllm_prompt_logprobs(tok, plp.as_deref());
+                }
+                c
+            }
+        };
+        choices.push(choice);
+    }
+    Ok(Collected {
+        choices,
+        last,
+        prompt_logprobs: plp,
+    })
+}
+
+/// Completions logprobs of an echoed prompt and its completion: the prompt's tokens first (the
+/// first with `null`: nothing predicts it), then the generated ones.
+fn echo_logprobs(
+    tok: &dyn TextTokenizer,
+    echo: &Echo,
+    prompt: &[Sampled],
+    gen: &[Sampled],
+) -> Value {
+    let mut texts = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    let mut offset = 0usize;
+    for (i, &id) in echo.ids.iter().enumerate() {
+        let t = token_text(tok, id);
+        offsets.push(offset);
+        offset += t.len();
+        texts.push(t);
+        match i.checked_sub(1).and_then(|j| prompt.get(j)) {
+            Some(s) => {
+                lps.push(json!(s.logprob));
+                let top: Map<String, Value> = s
+                    .top_logprobs
+                    .iter()
+                    .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
+                    .collect();
+                tops.push(Value::Object(top));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    let g = completion_logprobs(tok, gen, &mut offset);
+    let extend = |dst: &mut Vec<Value>, key: &str| {
+        if let Some(a) = g[key].as_array() {
+            dst.extend(a.iter().cloned());
+        }
+    };
+    let mut texts: Vec<Value> = texts.into_iter().map(Value::String).collect();
+    extend(&mut texts, "tokens");
+    extend(&mut lps, "token_logprobs");
+    extend(&mut tops, "top_logprobs");
+    let mut offsets: Vec<Value> = offsets.into_iter().map(|o| json!(o)).collect();
+    extend(&mut offsets, "text_offset");
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then for each one
+/// `{"<id>": {"logprob", "rank", "decoded_token"}}` with the token and its alternatives (`rank`
+/// is known when the token is among them).
+fn vllm_prompt_logprobs(tok: &dyn TextTokenizer, plp: Option<&[Sampled]>) -> Value {
+    let Some(plp) = plp else {
+        return Value::Null;
+    };
+    let mut out = vec![Value::Null];
+    for s in plp {
+        let mut m = Map::new();
+        let rank = s
+            .top_logprobs
+            .iter()
+            .position(|(id, _)| *id == s.token)
+            .map(|r| r + 1);
+        m.insert(
+            s.token.to_string(),
+            json!({"logprob": s.logprob, "rank": rank, "decoded_token": token_text(tok, s.token)}),
+        );
+        for (r, (id, lp)) in s.top_logprobs.iter().enumerate() {
+            m.entry(id.to_string()).or_insert_with(
+                || json!({"logprob": lp, "rank": r + 1, "decoded_token": token_text(tok, *id)}),
+            );
+        }
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
 }
 
 fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
@@ -326,6 +547,8 @@ fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
         prompt_len: gen.prompt_len(),
         tokens_received: 0,
         error: None,
+        seq: 0,
+        last: true,
     })
 }
 
@@ -534,6 +757,13 @@ pub async fn chat_completions(
         &req.common.guided(),
     )
     .await?;
+    if draft.sampling.constraint.is_some() && draft.n > 1 {
+        return Err(ApiError::bad_param(
+            "n",
+            "`n` > 1 cannot be combined with a grammar (tools forced, response_format, guided_*).",
+        )
+        .into());
+    }
     let parse = setup.plan.parse_format();
     let skip_special = req.common.skip_special_tokens.unwrap_or(true)
         && !(parse.is_some() && state.agent().markers_special);
@@ -549,6 +779,10 @@ pub async fn chat_completions(
         model,
         Kind::Chat,
         tools,
+        Shape {
+            prompt_logprobs: req.common.prompt_logprobs.is_some(),
+            ..Shape::default()
+        },
         req.common.stream.unwrap_or(false),
         req.common.include_usage(),
     )
@@ -577,58 +811,159 @@ pub async fn completions(
     let req: CompletionRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.common.model.as_deref())?;
     check_rest(Route::Completions, &req.rest)?;
-    let mut prompts = completion_prompts(&state, &req.prompt)?;
-    if prompts.len() != 1 {
+    let prompts = completion_prompts(&state, &req.prompt)?;
+    if prompts.is_empty() {
+        return Err(
+            ApiError::bad_param("prompt", "`prompt` must hold at least one prompt.").into(),
+        );
+    }
+    let stream = req.common.stream.unwrap_or(false);
+    if stream && prompts.len() > 1 {
         return Err(ApiError::bad_param(
             "prompt",
-            "Only a single prompt is supported per request; send several requests instead.",
+            "Several prompts are answered without streaming only; send `stream: false`.",
         )
         .into());
     }
-    let prompt = prompts.pop().unwrap_or_default();
-    let mut input = req
-        .common
-        .sampling_input(req.common.max_tokens.or(Some(16)), req.logprobs);
-    input.vocab_size = state.tokenizer().vocab_size();
-    let mut draft = req.common.draft(
-        response_id(&headers, "cmpl-"),
-        prompt,
-        &input,
-        "max_tokens",
-        req.session_id.as_deref(),
-    )?;
-    draft.sampling.constraint = constraint_for(
-        &state,
-        &ToolPlan::none(state.agent().format),
-        None,
-        &req.common.guided(),
-    )
-    .await?;
-    let gen = Generation::start_with(
-        &state,
-        draft,
-        req.common.stop_strings(),
-        req.common.skip_special_tokens.unwrap_or(true),
-    )
-    .await?;
-    run(
-        state,
-        gen,
-        model,
-        Kind::Completion,
-        ChatTools::NONE,
-        req.common.stream.unwrap_or(false),
-        req.common.include_usage(),
-    )
-    .await
+    let echo = req.echo.unwrap_or(false);
+    let max_tokens = req.common.max_tokens.or(Some(16));
+    // Echoed logprobs, and `max_tokens: 0`, need the prompt's own logprobs.
+    let mut common = req.common.clone();
+    if echo && (req.logprobs.is_some() || max_tokens == Some(0)) && common.prompt_logprobs.is_none()
+    {
+        common.prompt_logprobs = Some(req.logprobs.unwrap_or(0));
+    }
+    if max_tokens == Some(0) && common.prompt_logprobs.is_none() {
+        return Err(ApiError::bad_param(
+            "max_tokens",
+            "`max_tokens` 0 needs `echo` or `prompt_logprobs` (there is nothing else to return).",
+        )
+        .into());
+    }
+    let id = response_id(&headers, "cmpl-");
+    let tok = state.tokenizer().clone();
+    let mut gens = Vec::with_capacity(prompts.len());
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let mut input = common.sampling_input(max_tokens, req.logprobs);
+        input.vocab_size = tok.vocab_size();
+        input.zero_max_tokens = common.prompt_logprobs.is_some();
+        let label = if i == 0 {
+            id.clone()
+        } else {
+            format!("{id}-{i}")
+        };
+        let echo_of = echo.then(|| Echo {
+            text: tok.decode(&prompt, false).unwrap_or_default(),
+            ids: prompt.clone(),
+        });
+        let mut draft = common.draft(
+            label,
+            prompt,
+            &input,
+            "max_tokens",
+            req.session_id.as_deref(),
+        )?;
+        draft.sampling.constraint = constraint_for(
+            &state,
+            &ToolPlan::none(state.agent().format),
+            None,
+            &common.guided(),
+        )
+        .await?;
+        if draft.sampling.constraint.is_some() && draft.n > 1 {
+            return Err(ApiError::bad_param(
+                "n",
+                "`n` > 1 cannot be combined with a guided-decoding grammar.",
+            )
+            .into());
+        }
+        let n = draft.n as usize;
+        let gen = Generation::start_with(
+            &state,
+            draft,
+            common.stop_strings(),
+            common.skip_special_tokens.unwrap_or(true),
+        )
+        .await?;
+        let shape = Shape {
+            index_base: i * n,
+            echo: echo_of,
+            prompt_logprobs: req.common.prompt_logprobs.is_some(),
+        };
+        gens.push((gen, shape));
+    }
+    if gens.len() == 1 {
+        let Some((gen, shape)) = gens.pop() else {
+            return Err(ApiError::Internal("no generation".into()).into());
+        };
+        return run(
+            state,
+            gen,
+            model,
+            Kind::Completion,
+            ChatTools::NONE,
+            shape,
+            stream,
+            common.include_usage(),
+        )
+        .await;
+    }
+    // Several prompts: every request runs at once; one response with all the choices.
+    let runs = gens.into_iter().map(|(mut gen, shape)| {
+        let tok = tok.clone();
+        async move {
+            collect_choices(
+                tok.as_ref(),
+                &mut gen,
+                Kind::Completion,
+                ChatTools::NONE,
+                &shape,
+            )
+            .await
+        }
+    });
+    let results = futures_util::future::join_all(runs).await;
+    let mut choices = Vec::new();
+    let mut usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
+        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}});
+    let mut metrics = Vec::new();
+    for r in results {
+        let c = match r {
+            Ok(c) => c,
+            Err(e) => return Ok(with_request_id(e.openai_response(), &id)),
+        };
+        choices.extend(c.choices);
+        let u = openai_usage(&c.last);
+        for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+            usage[k] = json!(usage[k].as_u64().unwrap_or(0) + u[k].as_u64().unwrap_or(0));
+        }
+        for k in ["cached_tokens", "created_cache_tokens"] {
+            let d = &u["prompt_tokens_details"][k];
+            usage["prompt_tokens_details"][k] = json!(
+                usage["prompt_tokens_details"][k].as_u64().unwrap_or(0) + d.as_u64().unwrap_or(0)
+            );
+        }
+        metrics.push(request_metrics_json(&c.last));
+    }
+    let mut body = json!({
+        "id": id, "object": "text_completion", "created": now_secs(), "model": model,
+        "choices": choices, "usage": usage,
+    });
+    if state.per_request_metrics() {
+        body["metrics"] = Value::Array(metrics);
+    }
+    Ok(with_request_id(Json(body).into_response(), &id))
 }
 
+// The request's parts, each used once: a struct for them would only rename them.
+#[allow(clippy::too_many_arguments)]
 async fn run(
     state: AppState,
     mut gen: Generation,
     model: String,
     kind: Kind,
     tools: ChatTools,
+    shape: Shape,
     stream: bool,
     include_usage: bool,
 ) -> Result<Response, OpenAiError> {
@@ -638,63 +973,28 @@ async fn run(
         return Ok(with_request_id(sse.into_response(), &id));
     }
     let tok = state.tokenizer().clone();
-    let (text, tokens, fin) = collect(&mut gen).await;
-    let fin = final_or_abort(&gen, fin);
-    if let Some(e) = &fin.error {
-        let resp = ApiError::Internal(e.to_string()).openai_response();
-        return Ok(with_request_id(resp, &id));
-    }
-    let want_lp = !tokens.is_empty();
-    let choice = match kind {
-        Kind::Chat => {
-            let (content, calls) = match tools.format {
-                Some(f) => {
-                    let (c, mut calls) = cachet_text::parse_tool_calls(f, &text);
-                    if !tools.parallel {
-                        calls.truncate(1);
-                    }
-                    (c, calls)
-                }
-                None => (text, Vec::new()),
-            };
-            let mut message = json!({"role": "assistant", "content": content});
-            if !calls.is_empty() {
-                let format = tools.format.unwrap_or(ToolFormat::Generic);
-                let tc = crate::tools::to_tool_calls(&calls, format);
-                if content.is_empty() {
-                    message["content"] = Value::Null;
-                }
-                message["tool_calls"] = serde_json::to_value(&tc).unwrap_or_default();
-            }
-            json!({
-                "index": 0,
-                "message": message,
-                "logprobs": if want_lp { chat_logprobs(tok.as_ref(), &tokens) } else { Value::Null },
-                "finish_reason": finish_reason(&fin, !calls.is_empty()),
-                "stop_reason": stop_reason(&fin),
-            })
-        }
-        Kind::Completion => json!({
-            "index": 0,
-            "text": text,
-            "logprobs": if want_lp { completion_logprobs(tok.as_ref(), &tokens, &mut 0) } else { Value::Null },
-            "finish_reason": fin.stop.openai(),
-            "stop_reason": stop_reason(&fin),
-        }),
+    let collected = match collect_choices(tok.as_ref(), &mut gen, kind, tools, &shape).await {
+        Ok(c) => c,
+        Err(e) => return Ok(with_request_id(e.openai_response(), &id)),
     };
+    let fin = &collected.last;
     let mut body = json!({
         "id": id,
         "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
         "created": now_secs(),
         "model": model,
-        "choices": [choice],
-        "usage": openai_usage(&fin),
+        "choices": collected.choices,
+        "usage": openai_usage(fin),
     });
+    if kind == Kind::Chat && shape.prompt_logprobs {
+        body["prompt_logprobs"] =
+            vllm_prompt_logprobs(tok.as_ref(), collected.prompt_logprobs.as_deref());
+    }
     if let Some(s) = &fin.session {
         body["session"] = session_json(s);
     }
     if state.per_request_metrics() {
-        body["metrics"] = request_metrics_json(&fin);
+        body["metrics"] = request_metrics_json(fin);
     }
     Ok(with_request_id(Json(body).into_response(), &id))
 }
@@ -798,73 +1098,99 @@ fn stream_events(
                 v["usage"] = Value::Null;
             }
         };
-        let mut text_offset = 0usize;
-        let mut st = StreamTools::new(tools);
+        let mut finish_chunk: Option<Value> = None;
+        let n = gen.num_seqs();
+        let mut text_offset = vec![0usize; n];
+        let mut st: Vec<StreamTools> = (0..n).map(|_| StreamTools::new(tools)).collect();
         if kind == Kind::Chat {
-            let mut first = json!({
-                "id": id, "object": object, "created": created, "model": model,
-                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}],
-            });
+            let choices: Vec<Value> = (0..n)
+                .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
+                .collect();
+            let mut first = json!({"id": id, "object": object, "created": created, "model": model, "choices": choices});
             usage_field(&mut first);
             yield data(&first);
         }
-        let mut fin = None;
+        let mut last_fin = None;
         while let Some(ev) = gen.next().await {
             match ev {
                 GenEvent::Delta(d) => {
+                    let i = (d.seq as usize).min(n - 1);
                     let lp = if d.tokens.is_empty() {
                         Value::Null
                     } else if kind == Kind::Chat {
                         chat_logprobs(tok.as_ref(), &d.tokens)
                     } else {
-                        completion_logprobs(tok.as_ref(), &d.tokens, &mut text_offset)
+                        completion_logprobs(tok.as_ref(), &d.tokens, &mut text_offset[i])
                     };
                     if kind == Kind::Chat {
-                        let mut deltas = st.deltas(Some(&d.text));
+                        let mut deltas = st[i].deltas(Some(&d.text));
                         if deltas.is_empty() && !lp.is_null() {
                             deltas.push(json!({"content": ""}));
                         }
-                        let n = deltas.len();
-                        for (i, delta) in deltas.into_iter().enumerate() {
+                        let k = deltas.len();
+                        for (j, delta) in deltas.into_iter().enumerate() {
                             // Logprobs ride on the last chunk of the tokens' text.
-                            let lpi = if i + 1 == n { lp.clone() } else { Value::Null };
-                            let choice = json!({"index": 0, "delta": delta, "logprobs": lpi, "finish_reason": null});
+                            let lpi = if j + 1 == k { lp.clone() } else { Value::Null };
+                            let choice = json!({"index": i, "delta": delta, "logprobs": lpi, "finish_reason": null});
                             let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
                             usage_field(&mut chunk);
                             yield data(&chunk);
                         }
                     } else {
-                        let choice = json!({"index": 0, "text": d.text, "logprobs": lp, "finish_reason": null});
+                        let choice = json!({"index": i, "text": d.text, "logprobs": lp, "finish_reason": null});
                         let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
                         usage_field(&mut chunk);
                         yield data(&chunk);
                     }
                 }
-                GenEvent::Done(f) => fin = Some(f),
+                GenEvent::Done(f) => {
+                    if f.error.is_some() {
+                        last_fin = Some(f);
+                        continue;
+                    }
+                    let i = (f.seq as usize).min(n - 1);
+                    if kind == Kind::Chat {
+                        for delta in st[i].deltas(None) {
+                            let mut chunk = json!({"id": id, "object": object, "created": created, "model": model,
+                                "choices": [{"index": i, "delta": delta, "logprobs": null, "finish_reason": null}]});
+                            usage_field(&mut chunk);
+                            yield data(&chunk);
+                        }
+                    }
+                    let choice = if kind == Kind::Chat {
+                        json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish_reason(&f, st[i].called), "stop_reason": stop_reason(&f)})
+                    } else {
+                        json!({"index": i, "text": "", "logprobs": null, "finish_reason": f.stop.openai(), "stop_reason": stop_reason(&f)})
+                    };
+                    let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                    usage_field(&mut chunk);
+                    if f.last {
+                        last_fin = Some(f);
+                        // The last finish chunk may carry `session` and `metrics` (below).
+                        finish_chunk = Some(chunk);
+                    } else {
+                        yield data(&chunk);
+                    }
+                }
             }
         }
-        let fin = final_or_abort(&gen, fin);
+        let fin = final_or_abort(&gen, last_fin);
         if let Some(e) = &fin.error {
             // The engine failed mid-stream: an error event in OpenAI's shape, then [DONE].
             yield data(&ApiError::Internal(e.to_string()).openai_body());
             yield Ok(Event::default().data("[DONE]"));
             return;
         }
-        if kind == Kind::Chat {
-            for delta in st.deltas(None) {
-                let mut chunk = json!({"id": id, "object": object, "created": created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": null}]});
-                usage_field(&mut chunk);
-                yield data(&chunk);
-            }
-        }
-        let choice = if kind == Kind::Chat {
-            json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason(&fin, st.called), "stop_reason": stop_reason(&fin)})
-        } else {
-            json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
-        };
-        let mut last = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
-        usage_field(&mut last);
+        let mut last = finish_chunk.take().unwrap_or_else(|| {
+            let choice = if kind == Kind::Chat {
+                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
+            } else {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": fin.stop.openai(), "stop_reason": stop_reason(&fin)})
+            };
+            let mut c = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+            usage_field(&mut c);
+            c
+        });
         let metrics = state.per_request_metrics().then(|| request_metrics_json(&fin));
         let session = fin.session.as_ref().map(session_json);
         // `session` and `metrics` ride on the usage chunk, or on the finish chunk without one.

@@ -44,6 +44,8 @@ pub struct SamplingInput {
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     /// The vocabulary size token ids are checked against (0: unchecked).
     pub vocab_size: usize,
+    /// `max_tokens: 0` is allowed (the request wants only prompt logprobs).
+    pub zero_max_tokens: bool,
 }
 
 /// Most entries in `logit_bias` (OpenAI's limit is 300 too).
@@ -126,14 +128,17 @@ pub fn build_sampling(
     max_tokens_param: &str,
 ) -> Result<(SamplingParams, Option<u32>), ApiError> {
     if let Some(n) = input.n {
-        if n != 1 {
+        if n == 0 || n > cachet_core::request::MAX_N {
             return Err(ApiError::bad_param(
                 "n",
-                format!("`n` must be 1 (got {n}): cachet returns exactly one choice per request."),
+                format!(
+                    "`n` must be between 1 and {} (got {n}).",
+                    cachet_core::request::MAX_N
+                ),
             ));
         }
     }
-    if input.max_tokens == Some(0) {
+    if input.max_tokens == Some(0) && !input.zero_max_tokens {
         return Err(ApiError::bad_param(
             max_tokens_param,
             format!("`{max_tokens_param}` must be at least 1."),
@@ -297,7 +302,11 @@ mod tests {
                 ..Default::default()
             },
             SamplingInput {
-                n: Some(2),
+                n: Some(0),
+                ..Default::default()
+            },
+            SamplingInput {
+                n: Some(65),
                 ..Default::default()
             },
             SamplingInput {

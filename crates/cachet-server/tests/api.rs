@@ -231,15 +231,18 @@ async fn completions_string_tokens_and_streaming() {
             json!({"prompt": ["a", "b"], "max_tokens": 2}),
         )
         .await;
-    assert_eq!(s, StatusCode::BAD_REQUEST);
-    assert_eq!(v["error"]["param"], "prompt");
-    let (s, _, _) = h
+    // Several prompts: one choice each, in order.
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"][1]["index"], 1);
+    assert_eq!(v["usage"]["prompt_tokens"], 2);
+    let (s, v, _) = h
         .post(
             "/v1/completions",
-            json!({"prompt": [[1, 2], [3, 4]], "max_tokens": 2}),
+            json!({"prompt": [[1, 2], [3, 4]], "max_tokens": 2, "stream": true}),
         )
         .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
+    assert_eq!(v["error"]["param"], "prompt");
     let (s, _, _) = h
         .post("/v1/completions", json!({"prompt": [], "max_tokens": 2}))
         .await;
@@ -569,7 +572,7 @@ async fn openai_error_paths() {
             Some("repetition_penalty"),
         ),
         (
-            json!({"messages": [{"role": "user", "content": "x"}], "n": 2}),
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 0}),
             StatusCode::BAD_REQUEST,
             Some("n"),
         ),
