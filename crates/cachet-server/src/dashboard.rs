@@ -260,10 +260,7 @@ mod tests {
             let want_ct = if a.name.ends_with(".js") { JS } else { CSS };
             assert_eq!(header_str(&r, header::CONTENT_TYPE), want_ct, "{url}");
             assert_eq!(header_str(&r, header::CACHE_CONTROL), IMMUTABLE, "{url}");
-            assert_eq!(
-                header_str(&r, header::ETAG),
-                format!("\"{:016x}\"", a.hash)
-            );
+            assert_eq!(header_str(&r, header::ETAG), format!("\"{:016x}\"", a.hash));
             let body = to_bytes(r.into_body(), 1 << 20).await.unwrap();
             assert_eq!(&body[..], a.body, "{url}");
         }
