@@ -146,6 +146,13 @@ impl KvCacheManager {
         hits
     }
 
+    /// Hash every full block of `tokens` (no-op with caching off).
+    pub fn hash_full_blocks(&self, kv: &mut ReqKv, tokens: &[TokenId]) {
+        if self.caching {
+            self.ensure_hashes(kv, tokens, tokens.len() / self.block_size);
+        }
+    }
+
     /// Hashes of full blocks `range` of `tokens` (for an external tier lookup).
     pub fn block_hashes(
         &self,
@@ -239,7 +246,7 @@ impl KvCacheManager {
     ) -> Result<(ReqKv, Option<(BlockId, BlockId)>), PoolExhausted> {
         let b = self.block_size;
         let full = (num_tokens / b).min(parent.blocks.len());
-        let partial = num_tokens % b != 0 && parent.blocks.len() > full;
+        let partial = !num_tokens.is_multiple_of(b) && parent.blocks.len() > full;
         if partial && self.pool.num_free() == 0 {
             return Err(PoolExhausted {
                 requested: 1,

@@ -38,7 +38,9 @@ pub use hash::{BlockHash, HashSeed};
 pub use kv_manager::KvCacheManager;
 pub use observe::{Effect, Observer};
 pub use recorder::{Recorder, Report};
-pub use request::{FinishReason, RequestDraft, RequestLimits, SamplingParams, ValidRequest};
+pub use request::{
+    tenant_label, FinishReason, RequestDraft, RequestLimits, SamplingParams, ValidRequest,
+};
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulingPolicy};
 pub use sessions::{SessionInfo, SessionStatus};
 pub use stats::{FinishedRequestStats, PrefillStats, RequestTimes};

@@ -9,12 +9,13 @@
 
 use std::sync::Arc;
 
+use crate::block_pool::BlockPool;
 use crate::connector::TierTag;
 use crate::hash::BlockHash;
 use crate::kv_manager::KvEffects;
 use crate::request::FinishReason;
 use crate::sessions::SessionInfo;
-use crate::TokenId;
+use crate::{BlockId, TokenId};
 
 /// What the scheduler found when it looked a request's prompt up (first admission, or
 /// re-admission after a preemption).
@@ -44,6 +45,8 @@ pub enum Effect<'a> {
         arrival: f64,
         cache_salt: Option<&'a str>,
         adapter: Option<&'a str>,
+        /// Who the request is accounted to (resolved by validation: never the salt itself).
+        tenant: &'a Arc<str>,
         /// Set for a session turn: how the session table served it.
         session: Option<&'a SessionInfo>,
     },
@@ -62,6 +65,14 @@ pub enum Effect<'a> {
         /// Tokens whose KV exists once the admission is done (retained + local hit).
         num_computed: usize,
         kv: &'a KvEffects,
+        /// The request's tokens.
+        tokens: &'a [TokenId],
+        /// With a lookup: the hashes of every full prompt block (block `i` at index `i`).
+        hashes: &'a [BlockHash],
+        /// The block table after the admission (hits first).
+        blocks: &'a [BlockId],
+        /// The pool after the admission, read-only.
+        pool: &'a BlockPool,
     },
     /// A request's external loads resolved: the leading blocks listed in `sources` (the tier
     /// each came from) arrived intact and count as loaded; the `failed_tokens` after them will
@@ -71,8 +82,15 @@ pub enum Effect<'a> {
         sources: &'a [TierTag],
         failed_tokens: usize,
     },
-    /// Blocks were allocated for a running request's next chunk.
-    Allocated { slot: u32, kv: &'a KvEffects },
+    /// Blocks were allocated for a running request's next chunk (the last `kv.allocated`
+    /// entries of `blocks`).
+    Allocated {
+        slot: u32,
+        kv: &'a KvEffects,
+        blocks: &'a [BlockId],
+        /// The pool after the allocation, read-only.
+        pool: &'a BlockPool,
+    },
     /// The request lost its blocks and went back to the waiting queue.
     Preempted { slot: u32 },
     /// A chunk's KV was written (or its loaded blocks committed). `prefill` while the request
@@ -80,12 +98,17 @@ pub enum Effect<'a> {
     /// when a block became full.
     Computed {
         slot: u32,
+        now: f64,
         prefill: bool,
         kv: &'a KvEffects,
         /// The request's block hashes (block `i` at index `i`).
         hashes: &'a [BlockHash],
         /// The request's tokens (prompt and output).
         tokens: &'a [TokenId],
+        /// The request's block table.
+        blocks: &'a [BlockId],
+        /// The pool after the commit, read-only.
+        pool: &'a BlockPool,
     },
     /// Sequence `child` was forked from `parent` at its first token (n > 1): it shares the
     /// prompt's blocks, and its first token (the fork's draw) exists.
@@ -95,6 +118,10 @@ pub enum Effect<'a> {
         now: f64,
         /// The block the child got for its copy of the partial last block, if any.
         kv: &'a KvEffects,
+        /// The child's block table.
+        blocks: &'a [BlockId],
+        /// The pool after the fork, read-only.
+        pool: &'a BlockPool,
     },
     /// A token was appended to the request (`first`: its first output token).
     Sampled { slot: u32, now: f64, first: bool },

@@ -148,6 +148,33 @@ pub struct RequestDraft {
     /// Sequences to generate: one prefill, then `n` sequences forked on the shared prompt
     /// blocks.
     pub n: u32,
+    /// Who the request is accounted to: the API key's name when the server knows one. When
+    /// `None`, validation names the tenant after a digest of `cache_salt`, else "default"
+    /// (see [`tenant_label`]).
+    pub tenant: Option<Arc<str>>,
+}
+
+/// The tenant label of a request: the API key's `name` when there is one, else a short digest
+/// of its `cache_salt` (never the salt: labels are public on `/metrics`, and the salt is what
+/// keeps tenants from probing each other's cache), else "default".
+pub fn tenant_label(name: Option<&str>, cache_salt: Option<&str>) -> Arc<str> {
+    if let Some(n) = name.filter(|n| !n.is_empty()) {
+        return Arc::from(n);
+    }
+    match cache_salt {
+        Some(salt) => {
+            let mut h = blake3::Hasher::new();
+            h.update(b"cachet tenant label v1\0");
+            h.update(salt.as_bytes());
+            let d = h.finalize();
+            let hex: String = d.as_bytes()[..4]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            Arc::from(format!("salt-{hex}"))
+        }
+        None => Arc::from("default"),
+    }
 }
 
 impl RequestDraft {
@@ -165,6 +192,7 @@ impl RequestDraft {
             session_id: None,
             prompt_logprobs: None,
             n: 1,
+            tenant: None,
         }
     }
 }
@@ -283,6 +311,7 @@ impl RequestLimits {
         if d.prompt_logprobs.is_some() {
             d.skip_prefix_cache_read = true;
         }
+        d.tenant = Some(tenant_label(d.tenant.as_deref(), d.cache_salt.as_deref()));
         d.sampling.max_tokens = max_tokens;
         d.max_tokens = Some(max_tokens);
         Ok(ValidRequest(d))

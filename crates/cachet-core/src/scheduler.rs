@@ -394,6 +394,7 @@ impl<O: Observer> Scheduler<O> {
             }
             None => (ReqKv::new(extra), 0, None),
         };
+        let tenant = d.tenant.take().unwrap_or_else(|| Arc::from("default"));
         let r = Request {
             kv,
             prompt_len: d.prompt.len(),
@@ -422,6 +423,7 @@ impl<O: Observer> Scheduler<O> {
             arrival,
             cache_salt: r.kv.extra.cache_salt.as_deref(),
             adapter: r.kv.extra.adapter.as_deref(),
+            tenant: &tenant,
             session: r.session.as_deref(),
         });
         self.slots[slot as usize] = Some(r);
@@ -488,7 +490,12 @@ impl<O: Observer> Scheduler<O> {
                 {
                     Ok(()) => {
                         if self.fx.allocated > 0 {
-                            self.obs.observe(Effect::Allocated { slot, kv: &self.fx });
+                            self.obs.observe(Effect::Allocated {
+                                slot,
+                                kv: &self.fx,
+                                blocks: &r.kv.blocks,
+                                pool: self.kv.pool(),
+                            });
                             if self.cfg.report_evictions {
                                 out.evicted.extend_from_slice(&self.fx.evicted);
                             }
@@ -574,6 +581,9 @@ impl<O: Observer> Scheduler<O> {
         let retained = if first { r.num_computed } else { 0 };
         let do_lookup = self.kv.caching_enabled() && !r.skip_read && retained == 0;
         let hits = if do_lookup {
+            // Every full prompt block is hashed now (commit would hash them anyway): the
+            // observer is shown why the ones after the hit were not found.
+            self.kv.hash_full_blocks(&mut r.kv, &r.tokens);
             self.kv.find_cached_prefix(&mut r.kv, &r.tokens)
         } else {
             Vec::new()
@@ -621,6 +631,10 @@ impl<O: Observer> Scheduler<O> {
             retained,
             num_computed,
             kv: &self.fx,
+            tokens: &r.tokens,
+            hashes: if do_lookup { r.kv.hashes() } else { &[] },
+            blocks: &r.kv.blocks,
+            pool: self.kv.pool(),
         });
         if self.cfg.report_evictions {
             out.evicted.extend_from_slice(&self.fx.evicted);
@@ -820,10 +834,13 @@ impl<O: Observer> Scheduler<O> {
             if prefill || filled {
                 self.obs.observe(Effect::Computed {
                     slot,
+                    now,
                     prefill,
                     kv: &self.fx,
                     hashes: r.kv.hashes(),
                     tokens: &r.tokens,
+                    blocks: &r.kv.blocks,
+                    pool: self.kv.pool(),
                 });
                 if self.cfg.report_new_entries {
                     for &i in &self.fx.created {
@@ -948,6 +965,8 @@ impl<O: Observer> Scheduler<O> {
                 child: slot,
                 now,
                 kv: &self.fx,
+                blocks: &child.kv.blocks,
+                pool: self.kv.pool(),
             });
             let seq = child.seq;
             let handle = child.handle;

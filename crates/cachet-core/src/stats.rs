@@ -34,6 +34,52 @@ pub struct PrefillStats {
     pub blocks_filled: u64,
     pub blocks_evicted: u64,
     pub preemptions: u64,
+    /// Why each of the `computed_tokens` was computed (logical, fixed with them).
+    pub miss_tokens: MissTokens,
+    /// Where the prompt first differs from the most recently used cached block under the same
+    /// parent (and the same `cache_salt`), when its first uncached block has such a sibling.
+    pub diverged_at: Option<u64>,
+}
+
+/// Why prompt tokens were not served from cache: every computed prompt token has exactly one
+/// reason, so the six sum to `computed_tokens`.
+///
+/// For each full prompt block after the cached ones, in order: `load_failed` when the external
+/// tier held it but its load failed (or a failure before it broke the chain); `capped_for_logits`
+/// when it is the last full block of a prompt of `k·B` tokens, every block before it was cached,
+/// and the local cache holds it (the N-1 rule dropped it); `evicted` when the local cache holds it
+/// only behind a missing ancestor, or its hash is in the shadow set of recently evicted blocks;
+/// else `never_cached`. The tail of a prompt that does not fill its last block is
+/// `partial_block`. A request with no lookup (cache disabled, prompt logprobs, a session
+/// continuation) has every computed token `lookup_skipped`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MissTokens {
+    pub capped_for_logits: u64,
+    pub partial_block: u64,
+    pub evicted: u64,
+    pub never_cached: u64,
+    pub lookup_skipped: u64,
+    pub load_failed: u64,
+}
+
+impl MissTokens {
+    pub fn total(&self) -> u64 {
+        self.capped_for_logits
+            + self.partial_block
+            + self.evicted
+            + self.never_cached
+            + self.lookup_skipped
+            + self.load_failed
+    }
+
+    pub fn accumulate(&mut self, o: &MissTokens) {
+        self.capped_for_logits += o.capped_for_logits;
+        self.partial_block += o.partial_block;
+        self.evicted += o.evicted;
+        self.never_cached += o.never_cached;
+        self.lookup_skipped += o.lookup_skipped;
+        self.load_failed += o.load_failed;
+    }
 }
 
 impl PrefillStats {
@@ -50,6 +96,8 @@ impl PrefillStats {
         self.blocks_filled += o.blocks_filled;
         self.blocks_evicted += o.blocks_evicted;
         self.preemptions += o.preemptions;
+        self.miss_tokens.accumulate(&o.miss_tokens);
+        self.diverged_at = o.diverged_at.or(self.diverged_at);
     }
 
     /// Spec §3 invariants; `Err` names the first violation.
@@ -62,6 +110,9 @@ impl PrefillStats {
         }
         if self.cache_creation_tokens > self.computed_tokens {
             return Err(format!("cache_creation > computed: {self:?}"));
+        }
+        if self.miss_tokens.total() != self.computed_tokens {
+            return Err(format!("miss reasons do not sum to computed: {self:?}"));
         }
         Ok(())
     }
@@ -280,12 +331,79 @@ counters! {
     blocks_evicted => "cachet:kv_blocks_evicted",
         help "Cached KV blocks whose prefix-cache entry was evicted",
         meaning "cached blocks whose entry was dropped to satisfy an allocation";
+    miss_capped_for_logits => "cachet:prefix_cache_miss_tokens" ["reason" = "capped_for_logits"],
+        help "Computed prompt tokens by why they were not served from cache (the reasons sum to the computed tokens)",
+        meaning "computed because the N-1 rule dropped a cached last full block";
+    miss_partial_block => "cachet:prefix_cache_miss_tokens" ["reason" = "partial_block"],
+        help "Computed prompt tokens by why they were not served from cache",
+        meaning "tail tokens of a prompt block that is not full";
+    miss_evicted => "cachet:prefix_cache_miss_tokens" ["reason" = "evicted"],
+        help "Computed prompt tokens by why they were not served from cache",
+        meaning "their block was cached and evicted (shadow set, `--eviction-shadow-blocks`)";
+    miss_never_cached => "cachet:prefix_cache_miss_tokens" ["reason" = "never_cached"],
+        help "Computed prompt tokens by why they were not served from cache",
+        meaning "their block was not cached (or evicted longer ago than the shadow set remembers)";
+    miss_lookup_skipped => "cachet:prefix_cache_miss_tokens" ["reason" = "lookup_skipped"],
+        help "Computed prompt tokens by why they were not served from cache",
+        meaning "no lookup: cache disabled, prompt logprobs, or a session continuation";
+    miss_load_failed => "cachet:prefix_cache_miss_tokens" ["reason" = "load_failed"],
+        help "Computed prompt tokens by why they were not served from cache",
+        meaning "the external tier held them but the load failed";
+    estimated_hits_2x => "cachet:prefix_cache_hits_estimated" ["pool_scale" = "2x"],
+        help "Prefix cache hits (tokens) the local cache would have had with 2x / 4x as many blocks, estimated from the shadow set of evicted blocks (compare with vllm:prefix_cache_queries)",
+        meaning "estimated hit tokens with twice the blocks (divide by `vllm:prefix_cache_queries`)";
+    estimated_hits_4x => "cachet:prefix_cache_hits_estimated" ["pool_scale" = "4x"],
+        help "Prefix cache hits (tokens) the local cache would have had with more blocks",
+        meaning "estimated hit tokens with four times the blocks";
+    diverged_requests => "cachet:prefix_cache_diverged_requests",
+        help "Requests whose first uncached block has a cached sibling under the same parent (their prompt differs from a cached one)",
+        meaning "requests whose prompt differs from a cached one (`diverged_at` set)";
+    diverged_requests_within_64 => "cachet:prefix_cache_diverged_early_requests",
+        help "Requests whose prompt differs from a cached one within its first 64 tokens (a per-request nonce near the start defeats the cache)",
+        meaning "of those, the ones that differ within the first 64 tokens";
+}
+
+/// One tenant's monotonic totals. The recorder's tenant list only grows (bounded by
+/// `--max-tenant-labels`, the rest under "other"), so an index names one tenant for good.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantTotals {
+    pub tenant: Arc<str>,
+    /// Prompt tokens of first-admission lookups (as `prefix_cache_queries`).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens found in the local cache.
+    pub prefix_cache_hits: u64,
+    /// Prompt tokens of admitted requests (as `prompt_tokens`).
+    pub prompt_tokens: u64,
+    /// Local + external cached prompt tokens (as `prompt_tokens_cached`).
+    pub cached_tokens: u64,
+}
+
+impl TenantTotals {
+    fn values(&self) -> [u64; 4] {
+        [
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.prompt_tokens,
+            self.cached_tokens,
+        ]
+    }
+}
+
+/// One tenant's increments in one interval.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantDelta {
+    pub tenant: Arc<str>,
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
 }
 
 /// The single place where monotonic totals become per-interval deltas.
 #[derive(Clone, Debug, Default)]
 pub struct DeltaTracker {
     last: CounterTotals,
+    last_tenants: Vec<[u64; 4]>,
 }
 
 impl DeltaTracker {
@@ -294,6 +412,30 @@ impl DeltaTracker {
         let d = now.delta_since(&self.last);
         self.last = *now;
         d
+    }
+
+    /// The tenants whose totals moved since the previous call, with their increments.
+    pub fn advance_tenants(&mut self, now: &[TenantTotals]) -> Vec<TenantDelta> {
+        if self.last_tenants.len() < now.len() {
+            self.last_tenants.resize(now.len(), [0; 4]);
+        }
+        let mut out = Vec::new();
+        for (t, last) in now.iter().zip(self.last_tenants.iter_mut()) {
+            let v = t.values();
+            if v == *last {
+                continue;
+            }
+            let d: [u64; 4] = std::array::from_fn(|i| v[i].saturating_sub(last[i]));
+            *last = v;
+            out.push(TenantDelta {
+                tenant: t.tenant.clone(),
+                prefix_cache_queries: d[0],
+                prefix_cache_hits: d[1],
+                prompt_tokens: d[2],
+                cached_tokens: d[3],
+            });
+        }
+        out
     }
 }
 
@@ -321,6 +463,39 @@ pub struct Gauges {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tenant_deltas_name_only_tenants_that_moved() {
+        let mut t = DeltaTracker::default();
+        let mut now = vec![TenantTotals {
+            tenant: "a".into(),
+            prefix_cache_queries: 10,
+            prefix_cache_hits: 4,
+            prompt_tokens: 10,
+            cached_tokens: 4,
+        }];
+        let d = t.advance_tenants(&now);
+        assert_eq!(d.len(), 1);
+        assert_eq!((d[0].prefix_cache_queries, d[0].prefix_cache_hits), (10, 4));
+        assert!(t.advance_tenants(&now).is_empty());
+        now.push(TenantTotals {
+            tenant: "b".into(),
+            prefix_cache_queries: 3,
+            ..Default::default()
+        });
+        now[0].prefix_cache_queries = 12;
+        let d = t.advance_tenants(&now);
+        assert_eq!(d.len(), 2);
+        assert_eq!(
+            (
+                &*d[0].tenant,
+                d[0].prefix_cache_queries,
+                d[0].prefix_cache_hits
+            ),
+            ("a", 2, 0)
+        );
+        assert_eq!((&*d[1].tenant, d[1].prefix_cache_queries), ("b", 3));
+    }
 
     #[test]
     fn deltas_are_per_interval_and_never_re_add_history() {
@@ -351,9 +526,11 @@ mod tests {
         assert_eq!(v.len(), COUNTERS.len());
         assert_eq!(COUNTERS[0].field, "prefix_cache_queries");
         assert_eq!(v[0], 1);
-        let last = COUNTERS.len() - 1;
-        assert_eq!(COUNTERS[last].field, "blocks_evicted");
-        assert_eq!(v[last], 2);
+        let ev = COUNTERS
+            .iter()
+            .position(|c| c.field == "blocks_evicted")
+            .expect("blocks_evicted");
+        assert_eq!(v[ev], 2);
         let mut fields: Vec<&str> = COUNTERS.iter().map(|c| c.field).collect();
         fields.sort_unstable();
         fields.dedup();
@@ -404,9 +581,20 @@ mod tests {
             cached_tokens: 4,
             computed_tokens: 6,
             cache_creation_tokens: 6,
+            miss_tokens: MissTokens {
+                never_cached: 4,
+                partial_block: 2,
+                ..Default::default()
+            },
             ..Default::default()
         };
         ok.check().unwrap();
+        assert!(PrefillStats {
+            miss_tokens: MissTokens::default(),
+            ..ok
+        }
+        .check()
+        .is_err());
         assert!(PrefillStats {
             computed_tokens: 5,
             ..ok

@@ -48,8 +48,16 @@ pub struct Core {
 
 impl Core {
     pub fn new(cfg: SchedulerConfig) -> Self {
+        Self::with_insight(cfg, cachet_core::recorder::InsightConfig::off())
+    }
+
+    /// A core whose recorder keeps `insight`.
+    pub fn with_insight(
+        cfg: SchedulerConfig,
+        insight: cachet_core::recorder::InsightConfig,
+    ) -> Self {
         let seed = HashSeed::new(&[9; 32], cfg.block_size, "test");
-        let rec = Recorder::new(cfg.block_size);
+        let rec = Recorder::new(cfg.block_size).with_insight(insight);
         Core {
             s: Scheduler::new(cfg, seed, rec),
             slots: HashMap::new(),

@@ -13,13 +13,25 @@
 //!   `Computed` and `Preempted` effects;
 //! - times: `Admitted` (first scheduling), `Sampled` (first token), `Finished`.
 
+mod blocks;
+mod insight;
+mod shadow;
+
 use std::collections::HashMap;
 use std::sync::Arc;
+
+pub use insight::{
+    BlockEvent, BlockEventKind, Divergence, HotPrefix, InsightConfig, RecentRequest,
+    RequestLifecycle, DIVERGENCE_CONTEXT, MAX_BLOCK_EVENTS, RECENT_REQUESTS,
+};
 
 use crate::connector::TierTag;
 use crate::events::{CacheEvent, EventCause, Medium};
 use crate::observe::{Effect, Lookup, Observer};
-use crate::stats::{CounterTotals, FinishedRequestStats, PrefillStats, RequestTimes};
+use crate::stats::{
+    CounterTotals, FinishedRequestStats, MissTokens, PrefillStats, RequestTimes, TenantTotals,
+};
+use insight::{Insight, RequestInsight};
 
 /// Session-cumulative numbers: the sum over a session's turns, this one included.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -57,6 +69,9 @@ pub struct Report {
     pub session: Option<SessionTotals>,
     /// On the final update.
     pub finished: Option<FinishedRequestStats>,
+    /// Where the prompt diverged from a cached one (`prefill_stats.diverged_at`), with the
+    /// tokens around it.
+    pub divergence: Option<Arc<Divergence>>,
 }
 
 /// TTFT and inter-token latency samples (seconds).
@@ -92,6 +107,9 @@ struct Record {
     external: ExternalSources,
     cache_salt: Option<String>,
     adapter: Option<String>,
+    /// A sequence forked from another request's (n > 1): no prompt of its own.
+    child: bool,
+    ins: RequestInsight,
 }
 
 #[derive(Debug)]
@@ -109,6 +127,7 @@ pub struct Recorder {
     sessions: HashMap<Arc<str>, SessionTotals>,
     /// KV cache events since the last `take_events` (`None`: not collected).
     events: Option<Vec<CacheEvent>>,
+    insight: Insight,
 }
 
 impl Recorder {
@@ -123,7 +142,36 @@ impl Recorder {
             reports: Vec::new(),
             sessions: HashMap::new(),
             events: None,
+            insight: Insight::new(InsightConfig::off(), block_size),
         }
+    }
+
+    /// Keep what `cfg` asks for of cache insight (by default only the miss reasons, without
+    /// the shadow set).
+    pub fn with_insight(mut self, cfg: InsightConfig) -> Self {
+        self.insight = Insight::new(cfg, self.block_size);
+        self
+    }
+
+    /// Per-tenant monotonic totals (empty without per-tenant insight). Tenants keep their
+    /// index: the list only grows.
+    pub fn tenant_totals(&self) -> &[TenantTotals] {
+        self.insight.tenant_totals()
+    }
+
+    /// The last finished requests, newest first.
+    pub fn recent(&self) -> Vec<RecentRequest> {
+        self.insight.recent().cloned().collect()
+    }
+
+    /// A recent finished request's block lifecycle, by its label (the newest with it).
+    pub fn lifecycle(&self, request_id: &str) -> Option<RequestLifecycle> {
+        self.insight.lifecycle(request_id).cloned()
+    }
+
+    /// The `n` cached prefixes lookups found most often (`now` for their ages).
+    pub fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+        self.insight.hottest(now, n)
     }
 
     /// Also collect KV cache events (what entered and left the local cache, and who caused
@@ -246,13 +294,15 @@ impl Recorder {
         self.records.get(slot as usize).and_then(|r| r.as_ref())
     }
 
-    fn record_mut(&mut self, slot: u32) -> Option<&mut Record> {
-        self.records.get_mut(slot as usize).and_then(|r| r.as_mut())
-    }
-
     /// Fix a request's logical fields (spec §3) and add them to the totals, once: `external`
     /// tokens came from the tier (0 when none, or when its loads failed).
-    fn settle(totals: &mut CounterTotals, r: &mut Record, external: usize) {
+    fn settle(
+        totals: &mut CounterTotals,
+        insight: &mut Insight,
+        b: usize,
+        r: &mut Record,
+        external: usize,
+    ) {
         if r.settled {
             return;
         }
@@ -261,12 +311,33 @@ impl Recorder {
         let ext = external as u64;
         let prompt = (r.prompt_len - r.retained) as u64;
         let cached = local + ext;
+        let miss = match r.lookup {
+            None => MissTokens {
+                lookup_skipped: prompt - cached,
+                ..MissTokens::default()
+            },
+            Some(_) => MissTokens {
+                load_failed: ((r.ins.pending_blocks * b) as u64).saturating_sub(ext),
+                ..r.ins.miss
+            },
+        };
+        totals.miss_capped_for_logits += miss.capped_for_logits;
+        totals.miss_partial_block += miss.partial_block;
+        totals.miss_evicted += miss.evicted;
+        totals.miss_never_cached += miss.never_cached;
+        totals.miss_lookup_skipped += miss.lookup_skipped;
+        totals.miss_load_failed += miss.load_failed;
+        if let Some(t) = insight.tenant_mut(r.ins.tenant) {
+            t.prompt_tokens += prompt;
+            t.cached_tokens += cached;
+        }
         let s = &mut r.stats;
         s.prompt_tokens = prompt;
         s.local_cached_tokens = local;
         s.external_cached_tokens = ext;
         s.cached_tokens = cached;
         s.computed_tokens = prompt - cached;
+        s.miss_tokens = miss;
         r.creation_floor = r.retained + (local + ext) as usize;
         if r.lookup.is_some_and(|l| l.external_consulted) {
             totals.external_prefix_cache_hits += ext;
@@ -328,8 +399,10 @@ impl Recorder {
                 arrival,
                 cache_salt,
                 adapter,
+                tenant,
                 session,
             } => {
+                let ins = self.insight.arrived(tenant, cache_salt, adapter);
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
@@ -369,6 +442,8 @@ impl Recorder {
                     external: ExternalSources::default(),
                     cache_salt: cache_salt.map(str::to_string),
                     adapter: adapter.map(str::to_string),
+                    child: false,
+                    ins,
                 });
             }
             Effect::Admitted {
@@ -379,11 +454,18 @@ impl Recorder {
                 retained,
                 num_computed: _,
                 kv,
+                tokens,
+                hashes,
+                blocks,
+                pool,
             } => {
-                let totals = &mut self.totals;
+                let (totals, insight) = (&mut self.totals, &mut self.insight);
                 let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
                     return;
                 };
+                let hits = lookup.map_or(0, |l| l.local_hit_tokens / b);
+                insight.hits(&mut r.ins, blocks, hashes, hits, first, now);
+                insight.allocated(Some(&mut r.ins), pool, kv, blocks);
                 if first {
                     r.admitted = true;
                     r.times.first_scheduled = Some(now);
@@ -396,14 +478,40 @@ impl Recorder {
                             totals.external_prefix_cache_queries +=
                                 (l.queried_tokens - l.local_hit_tokens) as u64;
                         }
+                        let li = insight.first_lookup(
+                            &mut r.ins,
+                            pool,
+                            tokens,
+                            r.prompt_len,
+                            hashes,
+                            blocks,
+                            l.local_hit_tokens,
+                            l.external_pending_tokens,
+                        );
+                        if insight.estimates() {
+                            totals.estimated_hits_2x += li.estimated_hits[0];
+                            totals.estimated_hits_4x += li.estimated_hits[1];
+                        }
+                        if let Some(at) = li.diverged_at {
+                            r.stats.diverged_at = Some(at);
+                            totals.diverged_requests += 1;
+                            if at < 64 {
+                                totals.diverged_requests_within_64 += 1;
+                            }
+                        }
+                        if let Some(t) = insight.tenant_mut(r.ins.tenant) {
+                            t.prefix_cache_queries += l.queried_tokens as u64;
+                            t.prefix_cache_hits += l.local_hit_tokens as u64;
+                        }
                     }
                     if lookup.is_none_or(|l| l.external_pending_tokens == 0) {
-                        Self::settle(totals, r, 0);
+                        Self::settle(totals, insight, b, r, 0);
                     }
                 } else if let Some(l) = lookup {
                     totals.preempted_prefix_cache_queries += l.queried_tokens as u64;
                     totals.preempted_prefix_cache_hits += l.local_hit_tokens as u64;
                 }
+                insight.trim();
                 let (alloc, evicted) = (kv.allocated as u64, kv.evicted.len() as u64);
                 totals.blocks_allocated += alloc;
                 totals.blocks_evicted += evicted;
@@ -418,8 +526,10 @@ impl Recorder {
                 sources,
                 failed_tokens: _,
             } => {
-                let totals = &mut self.totals;
+                let (totals, insight) = (&mut self.totals, &mut self.insight);
                 if let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) {
+                    let from = r.ins.local_blocks;
+                    insight.loaded(&mut r.ins, from, sources.len());
                     for &t in sources {
                         let n = b as u64;
                         match t {
@@ -433,24 +543,34 @@ impl Recorder {
                             }
                         }
                     }
-                    Self::settle(totals, r, sources.len() * b);
+                    Self::settle(totals, insight, b, r, sources.len() * b);
                 }
             }
-            Effect::Allocated { slot, kv } => {
+            Effect::Allocated {
+                slot,
+                kv,
+                blocks,
+                pool,
+            } => {
                 let (alloc, evicted) = (kv.allocated as u64, kv.evicted.len() as u64);
                 self.totals.blocks_allocated += alloc;
                 self.totals.blocks_evicted += evicted;
-                if let Some(r) = self.record_mut(slot) {
+                let r = self.records.get_mut(slot as usize).and_then(|r| r.as_mut());
+                let ins = r.map(|r| {
                     if !r.finalized {
                         r.stats.blocks_allocated += alloc;
                         r.stats.blocks_evicted += evicted;
                     }
-                }
+                    &mut r.ins
+                });
+                self.insight.allocated(ins, pool, kv, blocks);
+                self.insight.trim();
                 self.removed(slot, kv);
             }
             Effect::Preempted { slot } => {
                 self.totals.num_preemptions += 1;
-                if let Some(r) = self.record_mut(slot) {
+                if let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) {
+                    self.insight.preempted(&mut r.ins);
                     r.num_preemptions += 1;
                     if !r.finalized {
                         r.stats.preemptions += 1;
@@ -459,16 +579,39 @@ impl Recorder {
             }
             Effect::Computed {
                 slot,
+                now,
                 prefill,
                 kv,
                 hashes,
                 tokens,
+                blocks,
+                pool,
             } => {
                 self.totals.blocks_filled += kv.filled as u64;
                 self.stored(slot, kv, hashes, tokens);
-                let Some(r) = self.record_mut(slot) else {
+                let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
+                    self.insight.filled(
+                        None,
+                        &Arc::from(""),
+                        pool,
+                        kv,
+                        hashes,
+                        tokens,
+                        blocks,
+                        now,
+                    );
                     return;
                 };
+                self.insight.filled(
+                    Some(&mut r.ins),
+                    &r.label,
+                    pool,
+                    kv,
+                    hashes,
+                    tokens,
+                    blocks,
+                    now,
+                );
                 if !prefill || r.finalized {
                     return;
                 }
@@ -502,6 +645,7 @@ impl Recorder {
                         times: r.times,
                         session,
                         finished: None,
+                        divergence: r.ins.divergence.clone(),
                     };
                     if let Some(last) = self.last_token.get_mut(slot as usize) {
                         *last = now;
@@ -523,7 +667,7 @@ impl Recorder {
                     return;
                 };
                 if r.admitted {
-                    Self::settle(&mut self.totals, &mut r, 0);
+                    Self::settle(&mut self.totals, &mut self.insight, b, &mut r, 0);
                     if !r.finalized {
                         // Ended during prefill: its creation count ends here, and counts once.
                         self.totals.cache_creation_tokens += r.stats.cache_creation_tokens;
@@ -553,6 +697,17 @@ impl Recorder {
                     num_preemptions: r.num_preemptions,
                 };
                 self.finished.push(finished.clone());
+                let divergence = r.ins.divergence.take();
+                self.insight.finished(
+                    r.ins,
+                    &finished.request_id,
+                    r.handle,
+                    reason,
+                    r.prompt_len as u64,
+                    generation_tokens as u64,
+                    prefill_stats,
+                    !r.child,
+                );
                 self.push_report(
                     slot,
                     Report {
@@ -561,6 +716,7 @@ impl Recorder {
                         times: r.times,
                         session,
                         finished: Some(finished),
+                        divergence,
                     },
                 );
             }
@@ -569,6 +725,8 @@ impl Recorder {
                 child,
                 now,
                 kv,
+                blocks,
+                pool,
             } => {
                 // A sequence of its parent's request: no prompt of its own (the parent's stats
                 // cover it, computed once), its first token drawn now.
@@ -600,6 +758,8 @@ impl Recorder {
                     external: ExternalSources::default(),
                     cache_salt: p.cache_salt.clone(),
                     adapter: p.adapter.clone(),
+                    child: true,
+                    ins: self.insight.forked(&p.ins),
                 };
                 let i = child as usize;
                 if self.records.len() <= i {
@@ -608,6 +768,9 @@ impl Recorder {
                 }
                 self.records[i] = Some(rec);
                 self.last_token[i] = now;
+                let ins = self.records[i].as_mut().map(|r| &mut r.ins);
+                self.insight.allocated(ins, pool, kv, blocks);
+                self.insight.trim();
                 self.totals.generation_tokens += 1;
                 self.totals.blocks_allocated += kv.allocated as u64;
                 self.totals.blocks_evicted += kv.evicted.len() as u64;
@@ -621,6 +784,7 @@ impl Recorder {
                         times,
                         session: None,
                         finished: None,
+                        divergence: None,
                     },
                 );
             }
@@ -628,6 +792,7 @@ impl Recorder {
                 self.sessions.remove(session_id);
             }
             Effect::CacheReset => {
+                self.insight.reset();
                 if let Some(ev) = self.events.as_mut() {
                     ev.push(CacheEvent::AllCleared {
                         medium: Medium::Gpu,

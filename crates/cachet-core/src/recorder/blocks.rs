@@ -1,0 +1,424 @@
+//! What the recorder knows about each cached block: who created it, when, how often a lookup
+//! found it, its tokens, and its place among its siblings (the blocks cached under the same
+//! parent, most recently used first). Dense by block id, so keeping it up to date costs a few
+//! stores per new entry and no hashing; the inspector, the divergence point and the "whose was
+//! it" of an eviction read it.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::events::wire_hash;
+use crate::hash::BlockHash;
+use crate::{BlockId, TokenId};
+
+const NONE: u32 = u32::MAX;
+
+#[derive(Clone, Debug)]
+struct Meta {
+    cached: bool,
+    hash: BlockHash,
+    depth: u32,
+    hits: u64,
+    created: f64,
+    last_hit: Option<f64>,
+    /// Parent block id; `NONE` for a root block (depth 0) or an orphan (its parent's entry is
+    /// gone).
+    parent: u32,
+    /// In a sibling list (a root's list, or its parent's children).
+    linked: bool,
+    first_child: u32,
+    next: u32,
+    prev: u32,
+    /// Digest of the creating request's salt and adapter (root blocks are only siblings of
+    /// roots with the same one).
+    root_key: u64,
+    creator: Option<Arc<str>>,
+}
+
+impl Default for Meta {
+    fn default() -> Self {
+        Meta {
+            cached: false,
+            hash: BlockHash([0; 32]),
+            depth: 0,
+            hits: 0,
+            created: 0.0,
+            last_hit: None,
+            parent: NONE,
+            linked: false,
+            first_child: NONE,
+            next: NONE,
+            prev: NONE,
+            root_key: 0,
+            creator: None,
+        }
+    }
+}
+
+/// One of the hottest cached prefixes (`GET /v1/cache`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HotPrefix {
+    /// Index of the prefix's last block (0: the first block of a prompt).
+    pub depth: u32,
+    /// Tokens of the prefix: `(depth + 1) · B`.
+    pub tokens: u64,
+    /// First-admission lookups that found this block.
+    pub hits: u64,
+    /// Seconds since the entry was created.
+    pub age_s: f64,
+    /// Seconds since a lookup last found it.
+    pub last_hit_s: Option<f64>,
+    /// The request that created the entry.
+    pub created_by: Option<Arc<str>>,
+    /// The block's hash as KV events carry it.
+    pub hash: u64,
+}
+
+/// Where a prompt first differs from a cached sibling of its first uncached block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Sibling {
+    pub block: BlockId,
+    /// Offset in the block of the first differing token.
+    pub offset: usize,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct BlockIndex {
+    b: usize,
+    meta: Vec<Meta>,
+    tokens: Vec<TokenId>,
+    root_first: u32,
+}
+
+impl BlockIndex {
+    pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
+        BlockIndex {
+            b: block_size,
+            meta: vec![Meta::default(); num_blocks],
+            tokens: vec![0; num_blocks * block_size],
+            root_first: NONE,
+        }
+    }
+
+    fn m(&self, block: BlockId) -> Option<&Meta> {
+        self.meta.get(block as usize)
+    }
+
+    /// Whether `block` holds the entry `hash` as far as the index knows.
+    pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
+        self.m(block).is_some_and(|m| m.cached && m.hash == *hash)
+    }
+
+    /// The request that created the entry `block` holds.
+    pub(crate) fn creator(&self, block: BlockId) -> Option<Arc<str>> {
+        self.m(block)
+            .filter(|m| m.cached)
+            .and_then(|m| m.creator.clone())
+    }
+
+    fn head(&self, parent: u32) -> u32 {
+        if parent == NONE {
+            self.root_first
+        } else {
+            self.meta[parent as usize].first_child
+        }
+    }
+
+    fn set_head(&mut self, parent: u32, v: u32) {
+        if parent == NONE {
+            self.root_first = v;
+        } else {
+            self.meta[parent as usize].first_child = v;
+        }
+    }
+
+    fn unlink(&mut self, i: u32) {
+        let m = &self.meta[i as usize];
+        if !m.linked {
+            return;
+        }
+        let (prev, next, parent) = (m.prev, m.next, m.parent);
+        if prev == NONE {
+            self.set_head(parent, next);
+        } else {
+            self.meta[prev as usize].next = next;
+        }
+        if next != NONE {
+            self.meta[next as usize].prev = prev;
+        }
+        let m = &mut self.meta[i as usize];
+        m.linked = false;
+        m.prev = NONE;
+        m.next = NONE;
+    }
+
+    fn link_front(&mut self, i: u32) {
+        let parent = self.meta[i as usize].parent;
+        let head = self.head(parent);
+        if head != NONE {
+            self.meta[head as usize].prev = i;
+        }
+        let m = &mut self.meta[i as usize];
+        m.next = head;
+        m.prev = NONE;
+        m.linked = true;
+        self.set_head(parent, i);
+    }
+
+    /// `block` became the entry `hash` at `depth`, under `parent` (`None` at depth 0, or when
+    /// the parent's entry is not known: an orphan, in no sibling list).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn created(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        depth: u32,
+        parent: Option<BlockId>,
+        tokens: &[TokenId],
+        root_key: u64,
+        creator: &Arc<str>,
+        now: f64,
+    ) {
+        let i = block as usize;
+        if i >= self.meta.len() || tokens.len() != self.b {
+            return;
+        }
+        if self.meta[i].cached {
+            self.evicted(block);
+        }
+        let parent = match parent {
+            Some(p) if self.m(p).is_some_and(|m| m.cached) => p,
+            Some(_) => NONE,
+            None => NONE,
+        };
+        let orphan = depth > 0 && parent == NONE;
+        self.meta[i] = Meta {
+            cached: true,
+            hash,
+            depth,
+            hits: 0,
+            created: now,
+            last_hit: None,
+            parent,
+            linked: false,
+            first_child: NONE,
+            next: NONE,
+            prev: NONE,
+            root_key,
+            creator: Some(creator.clone()),
+        };
+        self.tokens[i * self.b..(i + 1) * self.b].copy_from_slice(tokens);
+        if !orphan {
+            self.link_front(block);
+        }
+    }
+
+    /// A lookup found `block`: it becomes the most recently used of its siblings.
+    pub(crate) fn hit(&mut self, block: BlockId, now: f64) {
+        let Some(m) = self.meta.get_mut(block as usize) else {
+            return;
+        };
+        if !m.cached {
+            return;
+        }
+        m.hits += 1;
+        m.last_hit = Some(now);
+        if m.linked {
+            self.unlink(block);
+            self.link_front(block);
+        }
+    }
+
+    /// The entry `block` held was dropped; returns who created it. Its children become
+    /// orphans.
+    pub(crate) fn evicted(&mut self, block: BlockId) -> Option<Arc<str>> {
+        let i = block as usize;
+        if !self.meta.get(i).is_some_and(|m| m.cached) {
+            return None;
+        }
+        self.unlink(block);
+        let mut c = self.meta[i].first_child;
+        while c != NONE {
+            let next = self.meta[c as usize].next;
+            let m = &mut self.meta[c as usize];
+            m.parent = NONE;
+            m.linked = false;
+            m.prev = NONE;
+            m.next = NONE;
+            c = next;
+        }
+        let m = std::mem::take(&mut self.meta[i]);
+        m.creator
+    }
+
+    /// Every entry was dropped.
+    pub(crate) fn reset(&mut self) {
+        for m in &mut self.meta {
+            *m = Meta::default();
+        }
+        self.root_first = NONE;
+    }
+
+    /// The most recently used cached sibling of a block with `ours` tokens (a full block or a
+    /// prompt's tail) under `parent` (`None`: a root block, visible only to roots with the
+    /// same `root_key`) whose tokens differ from ours within `ours`, and where.
+    pub(crate) fn diverging_sibling(
+        &self,
+        parent: Option<BlockId>,
+        root_key: u64,
+        ours: &[TokenId],
+    ) -> Option<Sibling> {
+        const MAX_SCAN: usize = 64;
+        let mut c = match parent {
+            None => self.root_first,
+            Some(p) => self.m(p).filter(|m| m.cached)?.first_child,
+        };
+        let mut scanned = 0;
+        while c != NONE && scanned < MAX_SCAN {
+            scanned += 1;
+            let m = &self.meta[c as usize];
+            let next = m.next;
+            if parent.is_some() || m.root_key == root_key {
+                let theirs = &self.tokens[c as usize * self.b..(c as usize + 1) * self.b];
+                if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
+                    return Some(Sibling { block: c, offset });
+                }
+            }
+            c = next;
+        }
+        None
+    }
+
+    /// Tokens of a cached block.
+    pub(crate) fn tokens(&self, block: BlockId) -> &[TokenId] {
+        let i = block as usize;
+        self.tokens.get(i * self.b..(i + 1) * self.b).unwrap_or(&[])
+    }
+
+    /// The `n` hottest cached prefixes: blocks found by the most lookups, each the deepest
+    /// block of its run (a block whose cached child was found as often is reported as the
+    /// child), ties broken by depth.
+    pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+        let mut out: Vec<(u64, u32, u32)> = Vec::new();
+        for (i, m) in self.meta.iter().enumerate() {
+            if !m.cached || m.hits == 0 {
+                continue;
+            }
+            let mut c = m.first_child;
+            let mut extended = false;
+            while c != NONE {
+                let cm = &self.meta[c as usize];
+                if cm.hits >= m.hits {
+                    extended = true;
+                    break;
+                }
+                c = cm.next;
+            }
+            if !extended {
+                out.push((m.hits, m.depth, i as u32));
+            }
+        }
+        out.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+        out.truncate(n);
+        out.into_iter()
+            .map(|(hits, depth, i)| {
+                let m = &self.meta[i as usize];
+                HotPrefix {
+                    depth,
+                    tokens: (depth as u64 + 1) * self.b as u64,
+                    hits,
+                    age_s: (now - m.created).max(0.0),
+                    last_hit_s: m.last_hit.map(|t| (now - t).max(0.0)),
+                    created_by: m.creator.clone(),
+                    hash: wire_hash(&m.hash),
+                }
+            })
+            .collect()
+    }
+
+    #[cfg(test)]
+    fn siblings(&self, parent: Option<BlockId>) -> Vec<BlockId> {
+        let mut v = Vec::new();
+        let mut c = match parent {
+            None => self.root_first,
+            Some(p) => self.meta[p as usize].first_child,
+        };
+        while c != NONE {
+            v.push(c);
+            c = self.meta[c as usize].next;
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(i: u8) -> BlockHash {
+        BlockHash([i; 32])
+    }
+
+    #[test]
+    fn siblings_are_most_recently_used_first_and_evictions_orphan_children() {
+        let mut ix = BlockIndex::new(8, 2);
+        let who: Arc<str> = "r".into();
+        ix.created(0, h(0), 0, None, &[1, 2], 0, &who, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[3, 4], 0, &who, 0.0);
+        ix.created(2, h(2), 1, Some(0), &[3, 5], 0, &who, 1.0);
+        assert_eq!(ix.siblings(Some(0)), vec![2, 1]);
+        ix.hit(1, 2.0);
+        assert_eq!(ix.siblings(Some(0)), vec![1, 2]);
+        // Ours [3, 9]: the most recent sibling (1) differs at offset 1.
+        assert_eq!(
+            ix.diverging_sibling(Some(0), 0, &[3, 9]),
+            Some(Sibling {
+                block: 1,
+                offset: 1
+            })
+        );
+        // A tail that is a prefix of a sibling does not diverge from it.
+        assert_eq!(ix.diverging_sibling(Some(0), 0, &[3]), None);
+        // Roots are visible only under the same root key.
+        assert_eq!(ix.diverging_sibling(None, 7, &[1, 9]), None);
+        assert_eq!(
+            ix.diverging_sibling(None, 0, &[1, 9]).map(|s| s.offset),
+            Some(1)
+        );
+        assert_eq!(ix.evicted(0).as_deref(), Some("r"));
+        assert!(ix.siblings(None).is_empty());
+        assert!(ix.holds(1, &h(1)) && !ix.holds(0, &h(0)));
+        assert_eq!(ix.diverging_sibling(Some(0), 0, &[3, 9]), None);
+    }
+
+    #[test]
+    fn hottest_reports_the_deepest_block_of_a_run() {
+        let mut ix = BlockIndex::new(8, 4);
+        let who: Arc<str> = "a".into();
+        ix.created(0, h(0), 0, None, &[0; 4], 0, &who, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[1; 4], 0, &who, 0.0);
+        ix.created(2, h(2), 1, Some(0), &[2; 4], 0, &who, 0.0);
+        for _ in 0..3 {
+            ix.hit(0, 5.0);
+        }
+        for _ in 0..2 {
+            ix.hit(1, 5.0);
+        }
+        ix.hit(2, 6.0);
+        // Block 0 was found 3 times, more than either child: reported; 1 (2 hits) and 2 (1).
+        let hot = ix.hottest(10.0, 5);
+        let rows: Vec<_> = hot.iter().map(|p| (p.depth, p.tokens, p.hits)).collect();
+        assert_eq!(rows, vec![(0, 4, 3), (1, 8, 2), (1, 8, 1)]);
+        assert_eq!(hot[0].age_s, 10.0);
+        assert_eq!(hot[2].last_hit_s, Some(4.0));
+        // Once the child is found as often, the parent is covered by it.
+        ix.hit(1, 7.0);
+        let rows: Vec<_> = ix
+            .hottest(10.0, 5)
+            .iter()
+            .map(|p| (p.depth, p.hits))
+            .collect();
+        assert_eq!(rows, vec![(1, 3), (1, 1)]);
+    }
+}

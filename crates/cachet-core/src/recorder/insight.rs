@@ -1,0 +1,695 @@
+//! Cache insight: why each request missed (the miss reasons of [`MissTokens`]), where its
+//! prompt diverged from a cached one, what a larger pool would have hit, per-tenant totals,
+//! and each recent request's block lifecycle. Observers like the rest of the recorder: fed by
+//! the scheduler's effects, read by nothing that decides.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::BlockIndex;
+use super::shadow::{Shadow, SCALES};
+use crate::block_pool::BlockPool;
+use crate::events::wire_hash;
+use crate::hash::BlockHash;
+use crate::request::FinishReason;
+use crate::stats::{MissTokens, PrefillStats, TenantTotals};
+use crate::{BlockId, TokenId};
+
+pub use super::blocks::HotPrefix;
+
+/// How much the recorder keeps for cache insight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InsightConfig {
+    /// Recently evicted block hashes remembered for the `evicted` miss reason and the 2x/4x
+    /// estimates; `None`: six times the pool (the 4x pool's victim region is three pools long,
+    /// and the blocks a larger pool found in it stay in its span until they age out: the
+    /// headroom keeps the estimate exact under heavy reuse), `Some(0)`: none
+    /// (evicted blocks then count as `never_cached`).
+    pub shadow_blocks: Option<usize>,
+    /// Tenants with a label of their own (the rest are "other"); `None`: no per-tenant totals.
+    pub max_tenant_labels: Option<usize>,
+    /// Finished requests whose block lifecycle is kept (0: none).
+    pub request_history: usize,
+    /// Keep the per-block index (creator, hits, siblings): divergence points, the hottest
+    /// prefixes and the owner of an evicted entry.
+    pub block_index: bool,
+}
+
+impl InsightConfig {
+    /// Everything, at the server's defaults.
+    pub fn full() -> Self {
+        InsightConfig {
+            shadow_blocks: None,
+            max_tenant_labels: Some(64),
+            request_history: 256,
+            block_index: true,
+        }
+    }
+
+    /// Miss reasons only (with no shadow set: evicted blocks count as `never_cached`).
+    pub fn off() -> Self {
+        InsightConfig {
+            shadow_blocks: Some(0),
+            max_tenant_labels: None,
+            request_history: 0,
+            block_index: false,
+        }
+    }
+}
+
+impl Default for InsightConfig {
+    fn default() -> Self {
+        InsightConfig::off()
+    }
+}
+
+/// The default shadow set, in pools.
+pub const DEFAULT_SHADOW_POOLS: usize = 6;
+
+/// Tokens shown on each side of a divergence point.
+pub const DIVERGENCE_CONTEXT: usize = 8;
+
+/// Where a request's prompt first differs from the most recently used cached block under the
+/// same parent (same `cache_salt`: other tenants' blocks are invisible), with a few token ids
+/// around it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Divergence {
+    /// Prompt position of the first differing token.
+    pub at: u64,
+    /// Up to [`DIVERGENCE_CONTEXT`] prompt tokens before `at` (the same in both).
+    pub before: Vec<TokenId>,
+    /// The prompt's tokens from `at` (within the block).
+    pub ours: Vec<TokenId>,
+    /// The cached block's tokens from the same position.
+    pub theirs: Vec<TokenId>,
+    /// The request that created the cached block.
+    pub cached_by: Option<Arc<str>>,
+}
+
+/// What happened to one block of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockEventKind {
+    /// The lookup found it in the local cache.
+    Hit,
+    /// Its KV came from the external tier.
+    Loaded,
+    /// Taken from the free pool for the request.
+    Allocated,
+    /// Became full with KV computed or loaded for the request.
+    Filled,
+    /// The entry it held was dropped to make room for this request.
+    Evicted,
+    /// The request lost its blocks (recomputed later).
+    Preempted,
+}
+
+/// One entry of a request's block lifecycle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockEvent {
+    pub event: BlockEventKind,
+    /// Index in the request's block table.
+    pub index: Option<u32>,
+    /// Physical block id.
+    pub block: Option<BlockId>,
+    /// The block's hash as KV events carry it (for `evicted`: the dropped entry's).
+    pub hash: Option<u64>,
+    /// `filled`: the block became a new cache entry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_entry: bool,
+    /// `evicted`: the request that had created the dropped entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Arc<str>>,
+}
+
+/// Most lifecycle entries kept per request (a long generation fills a block every `B` tokens).
+pub const MAX_BLOCK_EVENTS: usize = 4096;
+
+/// A finished request's block lifecycle (`GET /v1/cache/requests/{id}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestLifecycle {
+    pub request_id: Arc<str>,
+    pub handle: u64,
+    pub tenant: Arc<str>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub prefill_stats: Option<PrefillStats>,
+    pub blocks: Vec<BlockEvent>,
+    /// Entries beyond [`MAX_BLOCK_EVENTS`] not kept.
+    pub blocks_dropped: u64,
+}
+
+/// One line of the recent-requests list.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RecentRequest {
+    pub request_id: Arc<str>,
+    pub tenant: Arc<str>,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub computed_tokens: u64,
+    pub cache_creation_tokens: u64,
+    pub diverged_at: Option<u64>,
+    pub finish_reason: FinishReason,
+}
+
+/// Recent requests kept for the list (newest first).
+pub const RECENT_REQUESTS: usize = 32;
+
+/// The recorder's per-request insight state.
+#[derive(Debug, Default)]
+pub(crate) struct RequestInsight {
+    pub tenant: Option<usize>,
+    pub root_key: u64,
+    pub life: Option<Vec<BlockEvent>>,
+    pub dropped: u64,
+    /// Reasons of the tokens after the local hit and the pending external blocks.
+    pub miss: MissTokens,
+    pub local_blocks: usize,
+    pub pending_blocks: usize,
+    pub divergence: Option<Arc<Divergence>>,
+}
+
+impl RequestInsight {
+    fn push(&mut self, e: BlockEvent) {
+        if let Some(l) = self.life.as_mut() {
+            if l.len() < MAX_BLOCK_EVENTS {
+                l.push(e);
+            } else {
+                self.dropped += 1;
+            }
+        }
+    }
+}
+
+/// Digest of the salt and adapter a request's root block is hashed with.
+pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>) -> u64 {
+    if cache_salt.is_none() && adapter.is_none() {
+        return 0;
+    }
+    let mut h = blake3::Hasher::new();
+    for part in [cache_salt, adapter] {
+        match part {
+            Some(s) => {
+                h.update(&[1]);
+                h.update(&(s.len() as u64).to_le_bytes());
+                h.update(s.as_bytes());
+            }
+            None => {
+                h.update(&[0]);
+            }
+        }
+    }
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    u64::from_le_bytes(w) | 1
+}
+
+#[derive(Debug)]
+struct Tenants {
+    max: usize,
+    index: HashMap<Arc<str>, usize>,
+    list: Vec<TenantTotals>,
+    other: Option<usize>,
+}
+
+impl Tenants {
+    fn index_of(&mut self, t: &Arc<str>) -> usize {
+        if let Some(&i) = self.index.get(t) {
+            return i;
+        }
+        if self.index.len() < self.max {
+            let i = self.list.len();
+            self.list.push(TenantTotals {
+                tenant: t.clone(),
+                ..Default::default()
+            });
+            self.index.insert(t.clone(), i);
+            return i;
+        }
+        *self.other.get_or_insert_with(|| {
+            self.list.push(TenantTotals {
+                tenant: Arc::from("other"),
+                ..Default::default()
+            });
+            self.list.len() - 1
+        })
+    }
+}
+
+/// What the insight adds up (counters go to the recorder's totals).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct LookupInsight {
+    pub estimated_hits: [u64; 2],
+    pub diverged_at: Option<u64>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Insight {
+    cfg: InsightConfig,
+    block_size: usize,
+    /// Built at the first effect that shows the pool.
+    shadow: Option<Shadow>,
+    index: Option<BlockIndex>,
+    tenants: Option<Tenants>,
+    history: VecDeque<RequestLifecycle>,
+    recent: VecDeque<RecentRequest>,
+}
+
+impl Insight {
+    pub(crate) fn new(cfg: InsightConfig, block_size: usize) -> Self {
+        Insight {
+            cfg,
+            block_size,
+            shadow: None,
+            index: None,
+            tenants: cfg.max_tenant_labels.map(|max| Tenants {
+                max,
+                index: HashMap::new(),
+                list: Vec::new(),
+                other: None,
+            }),
+            history: VecDeque::new(),
+            recent: VecDeque::new(),
+        }
+    }
+
+    fn ensure(&mut self, pool: &BlockPool) {
+        if self.shadow.is_none() {
+            let c = pool.num_blocks();
+            let cap = self.cfg.shadow_blocks.unwrap_or(DEFAULT_SHADOW_POOLS * c);
+            self.shadow = Some(Shadow::new(c, cap));
+            if self.cfg.block_index {
+                self.index = Some(BlockIndex::new(c, self.block_size));
+            }
+        }
+    }
+
+    pub(crate) fn arrived(
+        &mut self,
+        tenant: &Arc<str>,
+        cache_salt: Option<&str>,
+        adapter: Option<&str>,
+    ) -> RequestInsight {
+        RequestInsight {
+            tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
+            root_key: if self.cfg.block_index {
+                root_key(cache_salt, adapter)
+            } else {
+                0
+            },
+            life: (self.cfg.request_history > 0).then(Vec::new),
+            ..Default::default()
+        }
+    }
+
+    /// A child sequence (n > 1) of a request.
+    pub(crate) fn forked(&self, parent: &RequestInsight) -> RequestInsight {
+        RequestInsight {
+            tenant: parent.tenant,
+            root_key: parent.root_key,
+            life: parent.life.as_ref().map(|_| Vec::new()),
+            ..Default::default()
+        }
+    }
+
+    /// Whether the 2x/4x estimates mean anything (a shadow set is kept).
+    pub(crate) fn estimates(&self) -> bool {
+        self.cfg.shadow_blocks != Some(0)
+    }
+
+    pub(crate) fn tenant_mut(&mut self, i: Option<usize>) -> Option<&mut TenantTotals> {
+        self.tenants.as_mut()?.list.get_mut(i?)
+    }
+
+    pub(crate) fn tenant_totals(&self) -> &[TenantTotals] {
+        self.tenants.as_ref().map_or(&[], |t| &t.list)
+    }
+
+    pub(crate) fn tenant_name(&self, i: Option<usize>) -> Arc<str> {
+        self.tenants
+            .as_ref()
+            .and_then(|t| t.list.get(i?))
+            .map_or_else(|| Arc::from("default"), |t| t.tenant.clone())
+    }
+
+    /// The first admission's lookup, after its allocation was recorded ([`Insight::allocated`],
+    /// so the blocks it evicted count as evicted): the 2x/4x estimates, the miss reasons of the
+    /// blocks after the local hit and the pending external ones, and the divergence point.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn first_lookup(
+        &mut self,
+        ri: &mut RequestInsight,
+        pool: &BlockPool,
+        tokens: &[TokenId],
+        prompt_len: usize,
+        hashes: &[BlockHash],
+        blocks: &[BlockId],
+        local_tokens: usize,
+        pending_tokens: usize,
+    ) -> LookupInsight {
+        self.ensure(pool);
+        let b = self.block_size;
+        let local = local_tokens / b;
+        let pending = pending_tokens / b;
+        ri.local_blocks = local;
+        ri.pending_blocks = pending;
+        let mut out = LookupInsight::default();
+        // What a pool of each larger scale would have found after the local hit.
+        let cap = prompt_len.saturating_sub(1) / b;
+        if let Some(sh) = self.shadow.as_mut() {
+            for g in 0..SCALES.len() {
+                let mut est = local;
+                while est < cap {
+                    let Some(h) = hashes.get(est) else { break };
+                    if pool.lookup(h).is_some() {
+                    } else if sh.ghost_holds(g, h) {
+                        sh.ghost_take(g, h);
+                    } else {
+                        break;
+                    }
+                    est += 1;
+                }
+                out.estimated_hits[g] = (est * b) as u64;
+            }
+        }
+        // Why the rest is computed.
+        let full = prompt_len / b;
+        let cached = local + pending;
+        let mut m = MissTokens {
+            partial_block: (prompt_len - full * b) as u64,
+            ..Default::default()
+        };
+        for j in cached..full {
+            let Some(h) = hashes.get(j) else {
+                m.never_cached += b as u64;
+                continue;
+            };
+            let in_pool = pool.lookup(h).is_some();
+            if in_pool && j == cap && j == cached {
+                m.capped_for_logits += b as u64;
+            } else if in_pool || self.shadow.as_ref().is_some_and(|s| s.contains(h)) {
+                m.evicted += b as u64;
+            } else {
+                m.never_cached += b as u64;
+            }
+        }
+        ri.miss = m;
+        // Where it diverged from a cached sibling of its first uncached block.
+        if let Some(ix) = self.index.as_ref() {
+            let j = cached;
+            let ours = &tokens[(j * b).min(prompt_len)..((j + 1) * b).min(prompt_len)];
+            let own_cached = hashes.get(j).is_some_and(|h| pool.lookup(h).is_some());
+            let parent = if j == 0 {
+                Some(None)
+            } else if j <= local {
+                blocks.get(j - 1).map(|&p| Some(p))
+            } else {
+                hashes.get(j - 1).and_then(|h| pool.lookup(h)).map(Some)
+            };
+            if let (false, false, Some(parent)) = (ours.is_empty(), own_cached, parent) {
+                if let Some(s) = ix.diverging_sibling(parent, ri.root_key, ours) {
+                    let at = j * b + s.offset;
+                    let theirs = ix.tokens(s.block);
+                    let end = (at + DIVERGENCE_CONTEXT).min((j + 1) * b).min(prompt_len);
+                    ri.divergence = Some(Arc::new(Divergence {
+                        at: at as u64,
+                        before: tokens[at.saturating_sub(DIVERGENCE_CONTEXT)..at].to_vec(),
+                        ours: tokens[at..end].to_vec(),
+                        theirs: theirs[s.offset..(s.offset + DIVERGENCE_CONTEXT).min(theirs.len())]
+                            .to_vec(),
+                        cached_by: ix.creator(s.block),
+                    }));
+                    out.diverged_at = Some(at as u64);
+                }
+            }
+        }
+        out
+    }
+
+    /// The lookup found the first `hits` blocks of `blocks` (`first`: at the first admission,
+    /// when they count as found in the per-block index).
+    pub(crate) fn hits(
+        &mut self,
+        ri: &mut RequestInsight,
+        blocks: &[BlockId],
+        hashes: &[BlockHash],
+        hits: usize,
+        first: bool,
+        now: f64,
+    ) {
+        if first {
+            if let Some(ix) = self.index.as_mut() {
+                for &blk in blocks.iter().take(hits) {
+                    ix.hit(blk, now);
+                }
+            }
+        }
+        if ri.life.is_none() {
+            return;
+        }
+        for (j, &blk) in blocks.iter().enumerate().take(hits) {
+            ri.push(BlockEvent {
+                event: BlockEventKind::Hit,
+                index: Some(j as u32),
+                block: Some(blk),
+                hash: hashes.get(j).map(wire_hash),
+                new_entry: false,
+                owner: None,
+            });
+        }
+    }
+
+    /// The end of an effect that took blocks: the larger pools' victim regions back to length.
+    pub(crate) fn trim(&mut self) {
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.trim();
+        }
+    }
+
+    /// Blocks taken from the free pool for a request: the last `allocated` of `blocks`, some of
+    /// whose entries (`evicted`) were dropped.
+    pub(crate) fn allocated(
+        &mut self,
+        ri: Option<&mut RequestInsight>,
+        pool: &BlockPool,
+        kv: &crate::kv_manager::KvEffects,
+        blocks: &[BlockId],
+    ) {
+        self.ensure(pool);
+        let mut ri = ri;
+        let first_new = blocks.len().saturating_sub(kv.allocated as usize);
+        for e in &kv.evicted {
+            let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
+            if let Some(ri) = ri.as_deref_mut() {
+                if ri.life.is_some() {
+                    let index = blocks[first_new..]
+                        .iter()
+                        .position(|&x| x == e.block)
+                        .map(|p| (first_new + p) as u32);
+                    ri.push(BlockEvent {
+                        event: BlockEventKind::Evicted,
+                        index,
+                        block: Some(e.block),
+                        hash: Some(wire_hash(&e.hash)),
+                        new_entry: false,
+                        owner,
+                    });
+                }
+            }
+        }
+        if let Some(sh) = self.shadow.as_mut() {
+            // In the order the pool took them: where the hashless ones sit matters to the
+            // larger pools' victim regions.
+            sh.take_blocks(
+                blocks[first_new..]
+                    .iter()
+                    .map(|&blk| kv.evicted.iter().find(|e| e.block == blk).map(|e| e.hash)),
+            );
+        }
+        if let Some(ri) = ri {
+            if ri.life.is_some() {
+                for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
+                    ri.push(BlockEvent {
+                        event: BlockEventKind::Allocated,
+                        index: Some(j as u32),
+                        block: Some(blk),
+                        hash: None,
+                        new_entry: false,
+                        owner: None,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Blocks filled for a request; the `created` ones are new cache entries.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn filled(
+        &mut self,
+        ri: Option<&mut RequestInsight>,
+        label: &Arc<str>,
+        pool: &BlockPool,
+        kv: &crate::kv_manager::KvEffects,
+        hashes: &[BlockHash],
+        tokens: &[TokenId],
+        blocks: &[BlockId],
+        now: f64,
+    ) {
+        let b = self.block_size;
+        let root_key = ri.as_ref().map_or(0, |r| r.root_key);
+        if let Some(ix) = self.index.as_mut() {
+            for &i in &kv.created {
+                let i = i as usize;
+                let (Some(&blk), Some(&h), Some(toks)) =
+                    (blocks.get(i), hashes.get(i), tokens.get(i * b..(i + 1) * b))
+                else {
+                    continue;
+                };
+                // The parent's entry: usually the request's own block before it; a block the
+                // request recomputed while the entry lived elsewhere is found by hash. Without
+                // one the new entry is an orphan (a sentinel id no block has).
+                let parent = i
+                    .checked_sub(1)
+                    .map(|p| match (blocks.get(p), hashes.get(p)) {
+                        (Some(&pb), Some(ph)) if ix.holds(pb, ph) => pb,
+                        (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
+                        _ => BlockId::MAX,
+                    });
+                ix.created(blk, h, i as u32, parent, toks, root_key, label, now);
+            }
+        }
+        let Some(ri) = ri else { return };
+        if ri.life.is_none() || kv.filled == 0 {
+            return;
+        }
+        let end = kv.committed_until / b;
+        let start = end.saturating_sub(kv.filled as usize);
+        for j in start..end {
+            ri.push(BlockEvent {
+                event: BlockEventKind::Filled,
+                index: Some(j as u32),
+                block: blocks.get(j).copied(),
+                hash: hashes.get(j).map(wire_hash),
+                new_entry: kv.created.contains(&(j as u32)),
+                owner: None,
+            });
+        }
+    }
+
+    pub(crate) fn loaded(&mut self, ri: &mut RequestInsight, hashes_from: usize, n: usize) {
+        if ri.life.is_none() {
+            return;
+        }
+        for j in hashes_from..hashes_from + n {
+            ri.push(BlockEvent {
+                event: BlockEventKind::Loaded,
+                index: Some(j as u32),
+                block: None,
+                hash: None,
+                new_entry: false,
+                owner: None,
+            });
+        }
+    }
+
+    pub(crate) fn preempted(&mut self, ri: &mut RequestInsight) {
+        ri.push(BlockEvent {
+            event: BlockEventKind::Preempted,
+            index: None,
+            block: None,
+            hash: None,
+            new_entry: false,
+            owner: None,
+        });
+    }
+
+    pub(crate) fn reset(&mut self) {
+        if let Some(ix) = self.index.as_mut() {
+            ix.reset();
+        }
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.reset();
+        }
+    }
+
+    /// A request (or one sequence of it) ended.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn finished(
+        &mut self,
+        ri: RequestInsight,
+        request_id: &Arc<str>,
+        handle: u64,
+        reason: FinishReason,
+        prompt_tokens: u64,
+        generation_tokens: u64,
+        stats: Option<PrefillStats>,
+        primary: bool,
+    ) {
+        let tenant = self.tenant_name(ri.tenant);
+        if primary {
+            if self.recent.len() == RECENT_REQUESTS {
+                self.recent.pop_back();
+            }
+            let s = stats.unwrap_or_default();
+            self.recent.push_front(RecentRequest {
+                request_id: request_id.clone(),
+                tenant: tenant.clone(),
+                prompt_tokens,
+                cached_tokens: s.cached_tokens,
+                computed_tokens: s.computed_tokens,
+                cache_creation_tokens: s.cache_creation_tokens,
+                diverged_at: s.diverged_at,
+                finish_reason: reason,
+            });
+        }
+        let Some(blocks) = ri.life else { return };
+        // The sequences of one request share its entry.
+        if let Some(h) = self.history.iter_mut().rev().find(|h| h.handle == handle) {
+            h.blocks_dropped += ri.dropped;
+            let room = MAX_BLOCK_EVENTS.saturating_sub(h.blocks.len());
+            h.blocks_dropped += blocks.len().saturating_sub(room) as u64;
+            h.blocks.extend(blocks.into_iter().take(room));
+            h.generation_tokens += generation_tokens;
+            if primary {
+                h.prefill_stats = stats;
+                h.finish_reason = reason;
+                h.prompt_tokens = prompt_tokens;
+            }
+            return;
+        }
+        if self.history.len() >= self.cfg.request_history {
+            self.history.pop_front();
+        }
+        self.history.push_back(RequestLifecycle {
+            request_id: request_id.clone(),
+            handle,
+            tenant,
+            finish_reason: reason,
+            prompt_tokens,
+            generation_tokens,
+            prefill_stats: stats,
+            blocks,
+            blocks_dropped: ri.dropped,
+        });
+    }
+
+    pub(crate) fn lifecycle(&self, request_id: &str) -> Option<&RequestLifecycle> {
+        self.history
+            .iter()
+            .rev()
+            .find(|h| &*h.request_id == request_id)
+    }
+
+    pub(crate) fn recent(&self) -> impl Iterator<Item = &RecentRequest> {
+        self.recent.iter()
+    }
+
+    pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+        self.index
+            .as_ref()
+            .map_or_else(Vec::new, |ix| ix.hottest(now, n))
+    }
+}
