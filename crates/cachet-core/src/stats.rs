@@ -363,6 +363,27 @@ counters! {
         meaning "of those, the ones that differ within the first 64 tokens";
 }
 
+/// Local prefix-cache hit rates since the start: measured, and estimated for a pool with 2x and
+/// 4x as many blocks (hits over queries; 0 before the first query).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HitRates {
+    pub hit_rate: f64,
+    pub hit_rate_2x: f64,
+    pub hit_rate_4x: f64,
+}
+
+impl CounterTotals {
+    pub fn hit_rates(&self) -> HitRates {
+        let q = self.prefix_cache_queries;
+        let r = |h: u64| if q == 0 { 0.0 } else { h as f64 / q as f64 };
+        HitRates {
+            hit_rate: r(self.prefix_cache_hits),
+            hit_rate_2x: r(self.estimated_hits_2x),
+            hit_rate_4x: r(self.estimated_hits_4x),
+        }
+    }
+}
+
 /// One tenant's monotonic totals. The recorder's tenant list only grows (bounded by
 /// `--max-tenant-labels`, the rest under "other"), so an index names one tenant for good.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

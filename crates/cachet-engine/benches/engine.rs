@@ -5,15 +5,28 @@
 
 use std::time::{Duration, Instant};
 
-use cachet_engine::sim::{add_decode_workload_request, decode_workload_core};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with};
+use cachet_engine::InsightConfig;
 use criterion::{criterion_group, criterion_main, Criterion};
 
+/// The same workload with reporting off, on (miss reasons only), and on with every piece of
+/// cache insight (shadow set, block index, tenants, lifecycles): the cost of each, same run.
 fn step_1000_decodes(c: &mut Criterion) {
-    let mut core = decode_workload_core(1000, true);
+    for (name, telemetry, insight) in [
+        ("off", false, InsightConfig::off()),
+        ("on", true, InsightConfig::off()),
+        ("on_insight", true, InsightConfig::full()),
+    ] {
+        one(c, name, telemetry, insight);
+    }
+}
+
+fn one(c: &mut Criterion, name: &str, telemetry: bool, insight: InsightConfig) {
+    let mut core = decode_workload_core_with(1000, telemetry, insight);
     assert_eq!(core.scheduler().num_running(), 1000);
     let mut next = 1000u64;
     let mut t = 0.0;
-    c.bench_function("engine_step_1000_running_decodes", |b| {
+    c.bench_function(&format!("engine_step_1000_running_decodes/{name}"), |b| {
         b.iter_custom(|iters| {
             let mut spent = Duration::ZERO;
             for _ in 0..iters {

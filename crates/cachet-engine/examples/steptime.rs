@@ -1,17 +1,25 @@
 //! Step-time probe for the decode workload of `benches/engine.rs`, with the request count as
-//! a knob: `cargo run --release -p cachet-engine --example steptime -- [on|off] [N]`. Prints the
+//! a knob: `cargo run --release -p cachet-engine --example steptime -- [on|off|full] [N]`
+//! (`full`: with every piece of cache insight). Prints the
 //! min / median / max of 20 rounds of 400 steps (replacing finished requests is included).
 use std::time::Instant;
 
-use cachet_engine::sim::{add_decode_workload_request, decode_workload_core};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with};
+use cachet_engine::InsightConfig;
 
 fn main() {
-    let telemetry = std::env::args().nth(1).is_none_or(|a| a != "off");
+    let mode = std::env::args().nth(1).unwrap_or_default();
+    let telemetry = mode != "off";
+    let insight = if mode == "full" {
+        InsightConfig::full()
+    } else {
+        InsightConfig::off()
+    };
     let n: u64 = std::env::args()
         .nth(2)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1000);
-    let mut core = decode_workload_core(n, telemetry);
+    let mut core = decode_workload_core_with(n, telemetry, insight);
     let mut next = n;
     let mut t = 0.0;
     let mut rounds = Vec::new();

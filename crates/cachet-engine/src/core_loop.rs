@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use cachet_core::connector::{KvLookup, TierTag};
 use cachet_core::events::EventBatch;
 use cachet_core::exec::{BlockLoad, Executor};
+use cachet_core::recorder::InsightConfig;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
 use cachet_core::{
@@ -39,6 +40,8 @@ pub struct CoreOptions {
     pub tier: Option<Box<dyn KvTier>>,
     /// Where KV cache events go (ZMQ publisher, SSE log); none: events are not collected.
     pub event_sinks: Vec<Box<dyn EventSink>>,
+    /// What the recorder keeps for cache insight (miss reasons always).
+    pub insight: InsightConfig,
 }
 
 impl Default for CoreOptions {
@@ -48,6 +51,7 @@ impl Default for CoreOptions {
             loggers: Vec::new(),
             tier: None,
             event_sinks: Vec::new(),
+            insight: InsightConfig::off(),
         }
     }
 }
@@ -83,7 +87,7 @@ impl<E: Executor> EngineCore<E> {
         }
         let events = !opts.event_sinks.is_empty();
         let recorder = opts.telemetry.then(|| {
-            let r = Recorder::new(cfg.block_size);
+            let r = Recorder::new(cfg.block_size).with_insight(opts.insight);
             if events {
                 r.with_events()
             } else {
@@ -102,6 +106,23 @@ impl<E: Executor> EngineCore<E> {
             schedule_log: None,
             idle: false,
         }
+    }
+
+    /// Answer a question of the cache inspector at time `now`.
+    pub fn inspect(
+        &self,
+        q: crate::inspect::InspectQuery,
+        now: f64,
+    ) -> crate::inspect::InspectReply {
+        let s = &self.scheduler;
+        crate::inspect::answer(
+            q,
+            s.observer().as_ref(),
+            s.kv_manager().pool(),
+            s.config().block_size,
+            s.gauges(),
+            now,
+        )
     }
 
     /// The last step had nothing to execute: every live request waits for external loads.
@@ -326,7 +347,9 @@ impl<E: Executor> EngineCore<E> {
                 }
             }
         }
-        let deltas = self.deltas.advance(&rec.totals());
+        let totals = rec.totals();
+        let deltas = self.deltas.advance(&totals);
+        let tenants = self.deltas.advance_tenants(rec.tenant_totals());
         let samples = rec.take_latency_samples();
         let finished: Vec<FinishedRequestStats> = rec.take_finished();
         let stats = StepStats {
@@ -336,6 +359,8 @@ impl<E: Executor> EngineCore<E> {
             ttft_s: samples.ttft_s,
             itl_s: samples.itl_s,
             iteration_tokens,
+            tenants,
+            hit_rates: totals.hit_rates(),
         };
         // A stats message whenever any delta is non-zero (or something finished), even in a
         // step without tokens.

@@ -130,6 +130,10 @@ pub(crate) enum Command {
     },
     ReleaseSession(String, oneshot::Sender<()>),
     ResetPrefixCache(oneshot::Sender<bool>),
+    Inspect(
+        crate::inspect::InspectQuery,
+        oneshot::Sender<crate::inspect::InspectReply>,
+    ),
     /// Abort every live request; replies how many.
     AbortAll(oneshot::Sender<usize>),
     /// A tier finished a load: step soon.
@@ -363,6 +367,16 @@ impl EngineHandle {
             return false;
         }
         rx.await.unwrap_or(false)
+    }
+
+    /// Ask the core thread about its cache (between steps); `None` when it is gone.
+    pub async fn inspect(
+        &self,
+        q: crate::inspect::InspectQuery,
+    ) -> Option<crate::inspect::InspectReply> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(Command::Inspect(q, tx)).ok()?;
+        rx.await.ok()
     }
 
     /// Wake the core thread (a tier's load finished).

@@ -17,6 +17,7 @@
 
 pub mod core_loop;
 mod handle;
+pub mod inspect;
 pub mod offline;
 pub mod sim;
 mod thread;
@@ -25,9 +26,12 @@ pub mod tier;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+pub use cachet_core::recorder::InsightConfig;
 pub use cachet_core::recorder::{ExternalSources, SessionTotals};
 pub use cachet_core::scheduler::AddError;
-pub use cachet_core::stats::{CounterDeltas, FinishedRequestStats, Gauges, PrefillStats};
+pub use cachet_core::stats::{
+    CounterDeltas, FinishedRequestStats, Gauges, HitRates, PrefillStats, TenantDelta,
+};
 pub use cachet_core::{
     Executor, FinishReason, Report, RequestDraft, RequestLimits, RequestTimes, Sampled,
     SamplingParams, SchedulerConfig, SessionInfo, SessionStatus, ValidRequest,
@@ -49,6 +53,10 @@ pub struct StepStats {
     pub itl_s: Vec<f64>,
     /// Tokens scheduled in this step (absent in steps that only finished or aborted requests).
     pub iteration_tokens: Option<u64>,
+    /// Per-tenant increments (only tenants whose numbers moved).
+    pub tenants: Vec<TenantDelta>,
+    /// Hit rates since the start, measured and estimated for larger pools.
+    pub hit_rates: HitRates,
 }
 
 /// Observes the engine. Called on the engine thread: keep it cheap, never block.

@@ -354,6 +354,15 @@ pub fn add_decode_workload_request(
 /// An engine core for that workload with `n` requests running (one prefill step taken):
 /// `16 n` blocks, `n` sequences, zero model cost, the last-position read of the simulator.
 pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::EngineCore<SimExecutor> {
+    decode_workload_core_with(n, telemetry, cachet_core::recorder::InsightConfig::off())
+}
+
+/// [`decode_workload_core`] with the recorder keeping `insight`.
+pub fn decode_workload_core_with(
+    n: u64,
+    telemetry: bool,
+    insight: cachet_core::recorder::InsightConfig,
+) -> crate::core_loop::EngineCore<SimExecutor> {
     let cfg = cachet_core::SchedulerConfig {
         num_blocks: 16 * n as usize,
         max_num_seqs: n as usize,
@@ -371,6 +380,7 @@ pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::Engine
         sim,
         crate::core_loop::CoreOptions {
             telemetry,
+            insight,
             ..Default::default()
         },
     );

@@ -262,6 +262,9 @@ fn serve<E: Executor>(
                     }
                     let _ = reply.send(n);
                 }
+                Command::Inspect(q, reply) => {
+                    let _ = reply.send(core.inspect(q, now()));
+                }
                 Command::Wake => {}
                 Command::Shutdown => return,
             }

@@ -114,6 +114,12 @@ fn run(arrivals: &[Arrival], cfg: SchedulerConfig, telemetry: bool) -> RunResult
         } else {
             Vec::new()
         },
+        // Cache insight in full: it must not change a schedule or an output either.
+        insight: if telemetry {
+            cachet_core::recorder::InsightConfig::full()
+        } else {
+            cachet_core::recorder::InsightConfig::off()
+        },
     };
     let limits = cfg.limits();
     let mut core = EngineCore::new(cfg.clone(), sim, opts);
@@ -250,9 +256,11 @@ proptest! {
         let finished: Vec<FinishedRequestStats> = on.steps.iter().flat_map(|s| s.finished.clone()).collect();
         prop_assert_eq!(finished.len(), on.outputs.len());
         let mut sum = [0u64; 6];
+        let mut miss = cachet_core::stats::MissTokens::default();
         for f in &finished {
             if let Some(p) = f.prefill_stats {
                 p.check().map_err(TestCaseError::fail)?;
+                miss.accumulate(&p.miss_tokens);
                 sum[0] += p.prompt_tokens;
                 sum[1] += p.local_cached_tokens;
                 sum[2] += p.computed_tokens;
@@ -276,6 +284,11 @@ proptest! {
         prop_assert_eq!(sum[4], totals.cache_creation_tokens);
         prop_assert_eq!(sum[5], totals.prompt_tokens_external_kv_transfer);
         prop_assert_eq!(sum[0], totals.prefix_cache_queries);
+        // Each miss reason's counter is the sum of the requests' (they sum to computed tokens).
+        prop_assert_eq!(
+            [miss.capped_for_logits, miss.partial_block, miss.evicted, miss.never_cached, miss.lookup_skipped, miss.load_failed],
+            [totals.miss_capped_for_logits, totals.miss_partial_block, totals.miss_evicted, totals.miss_never_cached, totals.miss_lookup_skipped, totals.miss_load_failed]
+        );
 
         // Invariant 2: reporting off → identical schedules and outputs.
         let off = run(&arrivals, config(num_blocks, budget, true, priority), false);
