@@ -193,7 +193,7 @@ mod tests {
         send(Request::get(path).body(Body::empty()).unwrap()).await
     }
 
-    fn header_str<'a>(r: &'a Response, name: header::HeaderName) -> &'a str {
+    fn header_str(r: &Response, name: header::HeaderName) -> &str {
         r.headers()
             .get(name)
             .map(|v| v.to_str().unwrap())
