@@ -59,10 +59,6 @@ fn never(_: &Value) -> bool {
     false
 }
 
-fn is_one(v: &Value) -> bool {
-    v.as_u64() == Some(1)
-}
-
 fn empty_string(v: &Value) -> bool {
     v.as_str() == Some("")
 }
@@ -205,7 +201,7 @@ const CHAT_ONLY: [Field; 28] = [
     ),
 ];
 
-const COMPLETIONS_ONLY: [Field; 4] = [
+const COMPLETIONS_ONLY: [Field; 5] = [
     yes(
         "prompt",
         "a string, token ids, or a list of either (one request each; not streamed)",
@@ -216,13 +212,11 @@ const COMPLETIONS_ONLY: [Field; 4] = [
         "the prompt first; with logprobs, its tokens' logprobs (max_tokens may be 0)",
     ),
     rejected("suffix", "no fill-in-the-middle", empty_string),
+    yes(
+        "best_of",
+        "up to 64 sequences from one prefill, the `n` of highest mean token logprob returned (usage counts all; not streamed)",
+    ),
 ];
-
-const COMPLETIONS_REST: [Field; 1] = [rejected(
-    "best_of",
-    "one sequence per request (several: not yet)",
-    is_one,
-)];
 
 /// `/v1/messages`.
 pub const MESSAGES: &[Field] = &[
@@ -284,7 +278,7 @@ pub fn chat() -> Vec<Field> {
 
 /// `/v1/completions`.
 pub fn completions() -> Vec<Field> {
-    concat(&[&COMMON, &COMPLETIONS_ONLY, &COMPLETIONS_REST])
+    concat(&[&COMMON, &COMPLETIONS_ONLY])
 }
 
 /// Which table a route reads.
@@ -410,9 +404,8 @@ mod tests {
         );
         let e = check_rest(Route::Messages, &m(json!({"frobnicate": 1}))).unwrap_err();
         assert_eq!(e.to_string(), "frobnicate: Extra inputs are not permitted");
-        assert!(check_rest(Route::Completions, &m(json!({"suffix": "", "best_of": 1}))).is_ok());
+        assert!(check_rest(Route::Completions, &m(json!({"suffix": ""}))).is_ok());
         assert!(check_rest(Route::Completions, &m(json!({"suffix": "x"}))).is_err());
-        assert!(check_rest(Route::Completions, &m(json!({"best_of": 2}))).is_err());
         assert!(check_rest(
             Route::Messages,
             &m(json!({"thinking": {"type": "enabled", "budget_tokens": 1024}}))

@@ -253,6 +253,9 @@ pub struct CompletionRequest {
     /// Return the prompt before the completion (with its logprobs when `logprobs` is set).
     #[serde(default)]
     pub echo: Option<bool>,
+    /// Sample this many completions and return the `n` with the highest mean token logprob.
+    #[serde(default)]
+    pub best_of: Option<u32>,
     /// Every other field: checked against the field table ([`crate::fields`]).
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -343,8 +346,30 @@ struct Shape {
 /// One generation run to its end: one choice per sequence, and the request's last final.
 struct Collected {
     choices: Vec<Value>,
+    /// Each choice's mean logprob per generated token (0 without tokens).
+    scores: Vec<f64>,
     last: Final,
     prompt_logprobs: Option<Vec<Sampled>>,
+}
+
+impl Collected {
+    /// `best_of`: keeps the `n` choices with the highest mean token logprob (ties: the earlier
+    /// sequence), numbered from `index_base`; their logprobs dropped unless the client asked.
+    fn keep_best(&mut self, n: usize, index_base: usize, keep_logprobs: bool) {
+        let mut order: Vec<usize> = (0..self.choices.len()).collect();
+        order.sort_by(|&a, &b| self.scores[b].total_cmp(&self.scores[a]));
+        order.truncate(n);
+        let mut kept = Vec::with_capacity(n);
+        for (k, i) in order.into_iter().enumerate() {
+            let mut c = std::mem::take(&mut self.choices[i]);
+            c["index"] = json!(index_base + k);
+            if !keep_logprobs {
+                c["logprobs"] = Value::Null;
+            }
+            kept.push(c);
+        }
+        self.choices = kept;
+    }
 }
 
 async fn collect_choices(
@@ -389,6 +414,16 @@ async fn collect_choices(
     }
     let plp = gen.prompt_logprobs().map(<[Sampled]>::to_vec);
     let mut choices = Vec::with_capacity(n);
+    let scores = tokens
+        .iter()
+        .map(|t| {
+            if t.is_empty() {
+                0.0
+            } else {
+                t.iter().map(|s| f64::from(s.logprob)).sum::<f64>() / t.len() as f64
+            }
+        })
+        .collect();
     for (i, (text, toks)) in texts.into_iter().zip(tokens).enumerate() {
         let fin = finals[i].clone().unwrap_or_else(|| last.clone());
         let index = shape.index_base + i;
@@ -456,6 +491,7 @@ async fn collect_choices(
     }
     Ok(Collected {
         choices,
+        scores,
         last,
         prompt_logprobs: plp,
     })
@@ -840,11 +876,42 @@ pub async fn completions(
         )
         .into());
     }
+    // best_of: that many sequences from one prefill, the best `n` returned (never streamed).
+    let n_wanted = req.common.n.unwrap_or(1).max(1) as usize;
+    let mut best_of = None;
+    if let Some(b) = req.best_of {
+        if b == 0 || b > cachet_core::request::MAX_N || (b as usize) < n_wanted {
+            return Err(ApiError::bad_param(
+                "best_of",
+                format!(
+                    "`best_of` must be between `n` ({n_wanted}) and {} (got {b}).",
+                    cachet_core::request::MAX_N
+                ),
+            )
+            .into());
+        }
+        if b as usize > n_wanted {
+            if stream {
+                return Err(ApiError::bad_param(
+                    "best_of",
+                    "`best_of` > `n` cannot be streamed (the best are known at the end).",
+                )
+                .into());
+            }
+            common.n = Some(b);
+            best_of = Some(b as usize);
+        }
+    }
+    // Ranking needs every generated token's logprob, asked for when the client did not.
+    let logprobs = match best_of {
+        Some(_) => Some(req.logprobs.unwrap_or(0)),
+        None => req.logprobs,
+    };
     let id = response_id(&headers, "cmpl-");
     let tok = state.tokenizer().clone();
     let mut gens = Vec::with_capacity(prompts.len());
     for (i, prompt) in prompts.into_iter().enumerate() {
-        let mut input = common.sampling_input(max_tokens, req.logprobs);
+        let mut input = common.sampling_input(max_tokens, logprobs);
         input.vocab_size = tok.vocab_size();
         input.zero_max_tokens = common.prompt_logprobs.is_some();
         let label = if i == 0 {
@@ -877,7 +944,6 @@ pub async fn completions(
             )
             .into());
         }
-        let n = draft.n as usize;
         let gen = Generation::start_with(
             &state,
             draft,
@@ -886,13 +952,13 @@ pub async fn completions(
         )
         .await?;
         let shape = Shape {
-            index_base: i * n,
+            index_base: i * n_wanted,
             echo: echo_of,
             prompt_logprobs: req.common.prompt_logprobs.is_some(),
         };
         gens.push((gen, shape));
     }
-    if gens.len() == 1 {
+    if gens.len() == 1 && best_of.is_none() {
         let Some((gen, shape)) = gens.pop() else {
             return Err(ApiError::Internal("no generation".into()).into());
         };
@@ -908,18 +974,25 @@ pub async fn completions(
         )
         .await;
     }
-    // Several prompts: every request runs at once; one response with all the choices.
+    // Several prompts (or best_of): every request runs at once; one response with all the
+    // choices.
+    let single = gens.len() == 1;
+    let keep_logprobs = req.logprobs.is_some();
     let runs = gens.into_iter().map(|(mut gen, shape)| {
         let tok = tok.clone();
         async move {
-            collect_choices(
+            let mut c = collect_choices(
                 tok.as_ref(),
                 &mut gen,
                 Kind::Completion,
                 ChatTools::NONE,
                 &shape,
             )
-            .await
+            .await?;
+            if best_of.is_some() {
+                c.keep_best(n_wanted, shape.index_base, keep_logprobs);
+            }
+            Ok::<_, ApiError>(c)
         }
     });
     let results = futures_util::future::join_all(runs).await;
@@ -950,7 +1023,14 @@ pub async fn completions(
         "choices": choices, "usage": usage,
     });
     if state.per_request_metrics() {
-        body["metrics"] = Value::Array(metrics);
+        // One prompt: one request's metrics; several: one object per prompt, in order.
+        body["metrics"] = match (single, metrics.pop()) {
+            (true, Some(m)) => m,
+            (_, last) => {
+                metrics.extend(last);
+                Value::Array(metrics)
+            }
+        };
     }
     Ok(with_request_id(Json(body).into_response(), &id))
 }

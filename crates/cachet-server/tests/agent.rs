@@ -322,3 +322,69 @@ async fn n_choices_share_one_prefill_and_usage_counts_the_prompt_once() {
     assert_eq!(finished, [0, 1]);
     assert_eq!(usage["completion_tokens"], 6, "{usage}");
 }
+
+#[tokio::test]
+async fn best_of_returns_the_n_sequences_of_highest_mean_logprob() {
+    let h = start(Opts::default());
+    let prompt = "best of these, please";
+    let body = |extra: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 6, "ignore_eos": true});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    // The simulator's draws depend on the context only: n = 5 shows every candidate.
+    let (s, all, _) = h
+        .post("/v1/completions", body(json!({"n": 5, "logprobs": 0})))
+        .await;
+    assert_eq!(s, 200, "{all}");
+    let mut scored: Vec<(f64, String)> = all["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let lps = c["logprobs"]["token_logprobs"].as_array().unwrap();
+            assert_eq!(lps.len(), 6);
+            let mean = lps.iter().map(|x| x.as_f64().unwrap()).sum::<f64>() / 6.0;
+            (mean, c["text"].as_str().unwrap().to_string())
+        })
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let (s, v, _) = h
+        .post("/v1/completions", body(json!({"n": 2, "best_of": 5})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let got: Vec<(u64, &str, bool)> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["index"].as_u64().unwrap(),
+                c["text"].as_str().unwrap(),
+                c["logprobs"].is_null(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, scored[0].1.as_str(), true),
+            (1, scored[1].1.as_str(), true)
+        ]
+    );
+    // Every sampled sequence is billed, the prompt once.
+    assert_eq!(v["usage"]["completion_tokens"], 30);
+    assert_eq!(v["usage"]["prompt_tokens"], prompt.len());
+    // best_of below n, and streamed: 400 naming best_of.
+    for bad in [
+        json!({"n": 3, "best_of": 2}),
+        json!({"best_of": 2, "stream": true}),
+        json!({"best_of": 65}),
+    ] {
+        let (s, v, _) = h.post("/v1/completions", body(bad)).await;
+        assert_eq!(s, 400, "{v}");
+        assert_eq!(v["error"]["param"], "best_of");
+    }
+}
