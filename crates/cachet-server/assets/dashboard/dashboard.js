@@ -420,11 +420,18 @@
     renderLifecycle(data);
   }
 
+  // A block hash as the server sends it (a hex string or a number), shortened for the table.
+  function fmtHash(v) {
+    if (v == null || v === "") return "–";
+    const t = String(v);
+    return t.length > 12 ? t.slice(0, 12) + "…" : t;
+  }
+
   function renderLifecycle(data) {
     const blocks = Array.isArray(data.blocks) ? data.blocks : [];
     const counts = {};
     for (const b of blocks) counts[b.event] = (counts[b.event] || 0) + 1;
-    const order = ["hit", "loaded", "allocated", "filled", "evicted"];
+    const order = ["hit", "loaded", "allocated", "filled", "evicted", "preempted"];
     const summary = order.filter((k) => counts[k]).map((k) => counts[k] + " " + k)
       .concat(Object.keys(counts).filter((k) => !order.includes(k)).map((k) => counts[k] + " " + k));
     $("life-summary").textContent = blocks.length + " block events: " + (summary.join(", ") || "none");
@@ -434,8 +441,8 @@
       title: "block " + b.index + ": " + b.event + (b.owner ? " (entry of " + b.owner + ")" : "") })));
     replaceKids($("life-blocks"), blocks.map((b) => h("tr", { "data-event": String(b.event) },
       h("td", { class: "num" }, fmtInt(b.index)),
-      h("td", null, String(b.event)),
-      h("td", { class: "mono", title: String(b.hash || "") }, b.hash ? String(b.hash).slice(0, 12) + "…" : "–"),
+      h("td", null, String(b.event) + (b.new_entry ? " (new entry)" : "")),
+      h("td", { class: "mono", title: b.hash == null ? "" : String(b.hash) }, fmtHash(b.hash)),
       h("td", { class: "mono" }, b.owner == null ? "" : String(b.owner)))));
     const fields = [];
     const walk = (obj, prefix) => {
