@@ -3,8 +3,9 @@
 A real `cachet serve --executor sim` behind an API key serves the page from the binary. Its data
 comes from `/v1/cache/stats/stream`, `/v1/cache` and `/v1/cache/requests/{id}`: from the same
 server when it answers `GET /v1/cache`; otherwise (those routes not built yet, or
-CACHET_DASHBOARD_FAKE=1) from a small fake server in this file that serves the contract's shapes,
-proxies `/dashboard*` to the real binary, and runs a toy block cache over the traffic it gets.
+CACHET_DASHBOARD_DATA=fake) from a small fake server in this file that serves the contract's
+shapes, proxies `/dashboard*` to the real binary, and runs a toy block cache over the traffic it
+gets. CACHET_DASHBOARD_DATA=real requires the real routes (see DATA below).
 
 Either way the test drives traffic over HTTP and checks what the page shows against numbers
 derived by hand from that traffic (block size 16):
@@ -58,6 +59,12 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 WAIT_MS = 15000
+# Where the page's data comes from: "real" (the binary's /v1/cache routes, required), "fake" (the
+# stand-in below) or "auto" (real when `GET /v1/cache` answers 200, else fake). Once those routes
+# have landed, the default becomes "real" (this one line), so that a broken route fails the test
+# instead of falling back to the stand-in.
+DATA = os.environ.get("CACHET_DASHBOARD_DATA", "auto")
+assert DATA in ("auto", "real", "fake"), DATA
 
 if not shutil.which(CHROMIUM) and not os.path.exists(CHROMIUM):
     pytest.skip(f"{CHROMIUM} missing: run scripts/test-deps-browser.sh", allow_module_level=True)
@@ -377,8 +384,13 @@ def _start_target(extra: list[str]) -> Target:
     real = start_server(["--enable-per-request-metrics", *extra], api_key=KEY)
     fake = None
     try:
-        r = requests.get(f"{real.base_url}/v1/cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
-        use_real = r.status_code == 200 and os.environ.get("CACHET_DASHBOARD_FAKE") != "1"
+        if DATA == "fake":
+            use_real = False
+        else:
+            r = requests.get(f"{real.base_url}/v1/cache", headers={"Authorization": f"Bearer {KEY}"}, timeout=5)
+            use_real = r.status_code == 200
+            if DATA == "real":
+                assert use_real, f"GET /v1/cache answered {r.status_code}: {r.text[:200]}"
         if not use_real:
             fake = FakeServer(real.base_url, KEY)
         return Target(real, fake)
