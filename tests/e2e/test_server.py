@@ -133,14 +133,19 @@ def test_openai_errors(server):
     with pytest.raises(openai.NotFoundError):
         c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     with pytest.raises(openai.BadRequestError):
-        c.chat.completions.create(model=server.model(), messages=[{"role": "user", "content": "hi"}], n=2)
+        c.chat.completions.create(model=server.model(), messages=[{"role": "user", "content": "hi"}], n=0)
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model=server.model(), messages=[], max_tokens=2)
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(
             model=server.model(), messages=[{"role": "user", "content": "hi"}], temperature=-1
         )
-    r = requests.post(f"{server.base_url}/v1/chat/completions", data="{not json", timeout=10)
+    r = requests.post(
+        f"{server.base_url}/v1/chat/completions",
+        data="{not json",
+        headers={"Content-Type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 400
     assert set(r.json()["error"]) >= {"message", "type", "param", "code"}
 
