@@ -20,7 +20,7 @@ import anthropic
 import pytest
 import requests
 from openai import OpenAI
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from conftest import start_server
 
@@ -505,3 +505,43 @@ def test_prompt_logprobs_are_the_models_own(real_server):
         assert abs(entry["logprob"] - lp["token_logprobs"][i]) < 1e-6
         assert entry["decoded_token"] == lp["tokens"][i]
     assert own_checked >= len(ids) // 2, own_checked
+
+
+# Bounded: llguidance bounds what the schema bounds, and a tiny greedy model left free writes
+# digits until max_tokens.
+class City(BaseModel):
+    name: str = Field(max_length=20)
+    country: str = Field(max_length=20)
+    population_millions: int = Field(ge=0, le=1000)
+
+
+@pytest.mark.skipif(not REAL, reason="set CACHET_E2E_REAL_MODEL=1 (and CACHET_E2E_MODEL_ARGS)")
+def test_grammar_forced_answers_from_the_real_model(real_server):
+    """SmolLM2-135M writes free text when asked for JSON or a call; the grammar makes every
+    answer valid: a Pydantic object, a named call, Anthropic's forced tool_use, a regex."""
+    c = oai(real_server)
+    model = real_server.model()
+    r = c.chat.completions.parse(model=model, max_tokens=120, response_format=City, temperature=0,
+                                 messages=[{"role": "user", "content": "A large city in Japan, as JSON."}])
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    city = r.choices[0].message.parsed
+    assert isinstance(city, City) and len(city.name) <= 20 and 0 <= city.population_millions <= 1000
+    r = c.chat.completions.create(
+        model=model, max_tokens=80, temperature=0, tools=[WEATHER, CLOCK],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+    assert r.choices[0].finish_reason == "tool_calls"
+    _check_weather_call(r.choices[0].message.tool_calls[0])
+    a = anthropic.Anthropic(base_url=real_server.base_url, api_key="unused", max_retries=0)
+    m = a.messages.create(model=model, max_tokens=80,
+                          messages=[{"role": "user", "content": "Weather in Lima?"}],
+                          tools=[{"name": "get_weather", "input_schema": WEATHER["function"]["parameters"]}],
+                          tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                          extra_body={"temperature": 0})
+    assert m.stop_reason == "tool_use", m
+    use = next(b for b in m.content if b.type == "tool_use")
+    assert use.name == "get_weather" and set(use.input) == {"city"} and len(use.input["city"]) <= 12
+    t = requests.post(f"{real_server.base_url}/v1/completions", timeout=60, json={
+        "prompt": "The year the first moon landing happened:", "guided_regex": "[12][0-9]{3}",
+        "max_tokens": 8, "temperature": 0}).json()["choices"][0]["text"]
+    assert re.fullmatch(r"[12][0-9]{3}", t), t
