@@ -1049,7 +1049,15 @@ async fn run(
 ) -> Result<Response, OpenAiError> {
     let id = gen.request_id().to_string();
     if stream {
-        let sse = Sse::new(stream_events(state, gen, model, kind, tools, include_usage));
+        let sse = Sse::new(stream_events(
+            state,
+            gen,
+            model,
+            kind,
+            tools,
+            shape,
+            include_usage,
+        ));
         return Ok(with_request_id(sse.into_response(), &id));
     }
     let tok = state.tokenizer().clone();
@@ -1166,6 +1174,7 @@ fn stream_events(
     model: String,
     kind: Kind,
     tools: ChatTools,
+    shape: Shape,
     include_usage: bool,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     async_stream::stream! {
@@ -1191,7 +1200,39 @@ fn stream_events(
             yield data(&first);
         }
         let mut last_fin = None;
+        // The echoed prompt and vLLM's prompt_logprobs go first, once the engine's first output
+        // (which carries the prompt logprobs) has arrived.
+        let mut head_pending = shape.echo.is_some() || shape.prompt_logprobs;
         while let Some(ev) = gen.next().await {
+            if head_pending {
+                head_pending = false;
+                let plp = gen.prompt_logprobs();
+                let vllm = shape.prompt_logprobs.then(|| vllm_prompt_logprobs(tok.as_ref(), plp));
+                if kind == Kind::Chat {
+                    let mut chunk = json!({"id": id, "object": object, "created": created, "model": model,
+                        "choices": [{"index": 0, "delta": {}, "logprobs": null, "finish_reason": null}]});
+                    chunk["prompt_logprobs"] = vllm.unwrap_or(Value::Null);
+                    usage_field(&mut chunk);
+                    yield data(&chunk);
+                } else {
+                    for (i, offset) in text_offset.iter_mut().enumerate() {
+                        let mut choice = json!({"index": shape.index_base + i, "text": "", "logprobs": null, "finish_reason": null});
+                        if let Some(e) = &shape.echo {
+                            choice["text"] = json!(e.text);
+                            if plp.is_some() {
+                                choice["logprobs"] = echo_logprobs(tok.as_ref(), e, plp.unwrap_or_default(), &[]);
+                            }
+                            *offset = e.ids.iter().map(|&t| token_text(tok.as_ref(), t).len()).sum();
+                        }
+                        if let Some(v) = &vllm {
+                            choice["prompt_logprobs"] = v.clone();
+                        }
+                        let mut chunk = json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
+                        usage_field(&mut chunk);
+                        yield data(&chunk);
+                    }
+                }
+            }
             match ev {
                 GenEvent::Delta(d) => {
                     let i = (d.seq as usize).min(n - 1);

@@ -388,3 +388,92 @@ async fn best_of_returns_the_n_sequences_of_highest_mean_logprob() {
         assert_eq!(v["error"]["param"], "best_of");
     }
 }
+
+#[tokio::test]
+async fn streamed_echo_sends_the_prompt_and_its_logprobs_first() {
+    let h = start(Opts::default());
+    let prompt = "abcde";
+    let (_, whole, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 3, "ignore_eos": true}),
+        )
+        .await;
+    let want = &whole["choices"][0];
+    let (s, events, _) = h
+        .stream(
+            "/v1/completions",
+            json!({"prompt": prompt, "echo": true, "logprobs": 1, "max_tokens": 3, "ignore_eos": true, "stream": true}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    // The first chunk is the prompt, its first token without a logprob.
+    let first = &chunks[0]["choices"][0];
+    assert_eq!(first["text"], prompt);
+    assert_eq!(
+        first["logprobs"]["tokens"],
+        json!(["a", "b", "c", "d", "e"])
+    );
+    assert_eq!(first["logprobs"]["token_logprobs"][0], Value::Null);
+    assert_eq!(first["logprobs"]["text_offset"], json!([0, 1, 2, 3, 4]));
+    // Streamed or not, the same text, tokens, logprobs and offsets.
+    let mut text = String::new();
+    let mut lists: [Vec<Value>; 3] = Default::default();
+    for c in &chunks {
+        let ch = &c["choices"][0];
+        text.push_str(ch["text"].as_str().unwrap());
+        for (k, key) in ["tokens", "token_logprobs", "text_offset"]
+            .iter()
+            .enumerate()
+        {
+            if let Some(a) = ch["logprobs"][key].as_array() {
+                lists[k].extend(a.iter().cloned());
+            }
+        }
+    }
+    assert_eq!(text, want["text"].as_str().unwrap());
+    assert_eq!(text.len(), 8);
+    for (k, key) in ["tokens", "token_logprobs", "text_offset"]
+        .iter()
+        .enumerate()
+    {
+        assert_eq!(
+            Value::Array(lists[k].clone()),
+            want["logprobs"][key],
+            "{key}"
+        );
+    }
+    // vLLM's prompt_logprobs, streamed: on the first chunk; max_tokens 0 sends the echo only.
+    let (_, events, _) = h
+        .stream(
+            "/v1/completions",
+            json!({"prompt": prompt, "prompt_logprobs": 0, "echo": true, "max_tokens": 0, "stream": true}),
+        )
+        .await;
+    let first: Value = serde_json::from_str(&events[0].1).unwrap();
+    let plp = first["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(plp.len(), 5);
+    assert_eq!(plp[0], Value::Null);
+    assert!(
+        plp[1].get((b'b' as u32 + 3).to_string()).is_some(),
+        "{first}"
+    );
+    assert_eq!(first["choices"][0]["text"], prompt);
+    let text: String = events
+        .iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| {
+            let v: Value = serde_json::from_str(d).unwrap();
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(text, prompt);
+}
