@@ -9,12 +9,15 @@ gets. CACHET_DASHBOARD_DATA=real requires the real routes (see DATA below).
 
 Either way the test drives traffic over HTTP and checks what the page shows against numbers
 derived by hand from that traffic (block size 16):
-  request A: tokens 1000..1063 (64 tokens), empty cache: 0 cached, 64 computed, 64 written to new
+  request A: tokens 100..163 (64 tokens), empty cache: 0 cached, 64 computed, 64 written to new
              cache entries (4 full blocks); its misses are 64 `never_cached`.
   request B: the same 64 tokens: 4 blocks found, capped at floor(63/16)*16 = 48 tokens (the last
              token must be computed); 16 computed, 0 cache creation (block 3's hash exists);
              its misses are 16 `capped_for_logits`; its lifecycle has 3 `hit` blocks.
   totals:    prompt tokens 128, queried 128, hit 48 -> hit rate 37.5 %.
+  KV events: 4 blocks stored, all by A (B's block 3 was already an entry), none removed. The page
+             reads `/v1/cache/events` from the real binary in both modes (the fake proxies that
+             stream and sends each request to the binary as well).
 
 Browsers: Debian's chromium through Playwright (scripts/test-deps-browser.sh installs both; a
 fresh --user-data-dir per test). With CACHET_DASHBOARD_SCREENSHOT=PATH the screenshot test
@@ -25,12 +28,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import http.client
 import http.server
 import json
 import os
 import pathlib
 import re
 import shutil
+import socket
 import tempfile
 import threading
 import time
@@ -47,7 +52,7 @@ pw = pytest.importorskip("playwright.sync_api", reason="playwright missing: run 
 
 CHROMIUM = os.environ.get("CACHET_CHROMIUM", "/usr/bin/chromium")
 KEY = "dash-e2e-key-5c1f"
-PROMPT = list(range(1000, 1064))
+PROMPT = list(range(100, 164))  # the simulated executor's vocabulary is 259 tokens
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -171,9 +176,10 @@ class ToyCache:
                 blocks.append({"index": i, "hash": old, "event": "evicted", "owner": e["created_by"]})
             if i < full:
                 h = hashes[i]
-                blocks.append({"index": i, "hash": h, "event": "filled", "owner": None})
+                blocks.append({"index": i, "hash": h, "event": "filled", "new_entry": h not in self.cached, "owner": None})
                 if h not in self.cached:
-                    self.cached[h] = {"depth": i + 1, "hits": 0, "created": time.time(), "last_hit": None, "created_by": rid}
+                    self.cached[h] = {"depth": i, "parent": hashes[i - 1] if i else None, "hits": 0,
+                                      "created": time.time(), "last_hit": None, "created_by": rid}
                     par = hashes[i - 1] if i else "seed"
                     self.children.setdefault(par + str(salt), []).append((h, toks[i * b : (i + 1) * b]))
                     created += b
@@ -232,22 +238,30 @@ class ToyCache:
     def inspector(self) -> dict:
         with self.lock:
             now = time.time()
-            hot = sorted(self.cached.items(), key=lambda kv: -kv[1]["hits"])[:10]
+            # As the engine reports them: blocks found at least once, each the deepest of its run
+            # (a block with a cached child found as often is reported as the child); depth from 0.
+            hot = [e for h, e in self.cached.items() if e["hits"] > 0 and not any(
+                c["parent"] == h and c["hits"] >= e["hits"] for c in self.cached.values())]
+            hot = sorted(hot, key=lambda e: (-e["hits"], -e["depth"]))[:10]
             return {
                 "pool": {"num_blocks": self.num_blocks, "blocks_in_use": 0, "blocks_cached_idle": len(self.cached),
                          "blocks_free": self.num_blocks - len(self.cached), "tokens_held": len(self.cached) * BLOCK_SIZE},
-                "hottest": [{"depth": e["depth"], "tokens": e["depth"] * BLOCK_SIZE, "hits": e["hits"],
+                "hottest": [{"depth": e["depth"], "tokens": (e["depth"] + 1) * BLOCK_SIZE, "hits": e["hits"],
                              "age_s": round(now - e["created"], 1),
                              "last_hit_s": None if e["last_hit"] is None else round(now - e["last_hit"], 1),
-                             "created_by": e["created_by"]} for _, e in hot],
+                             "created_by": e["created_by"]} for e in hot],
             }
 
 
 class FakeServer:
     def __init__(self, upstream: str, key: str):
         self.cache = ToyCache()
+        self.model = requests.get(upstream + "/v1/models", headers={"Authorization": f"Bearer {key}"},
+                                  timeout=10).json()["data"][0]["id"]
         self.paths: list[str] = []
         self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.upstream_socks: list[socket.socket] = []
         fake = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -276,6 +290,8 @@ class FakeServer:
                     return self._proxy()
                 if not self._authorized():
                     return
+                if self.path.split("?")[0] == "/v1/cache/events":
+                    return self._proxy_stream()  # the real binary's stream (it exists)
                 if self.path == "/v1/cache":
                     return self._json(200, fake.cache.inspector())
                 if self.path.startswith("/v1/cache/requests/"):
@@ -299,6 +315,10 @@ class FakeServer:
                 tenant = "default" if salt is None else "salt-" + hashlib.sha256(salt.encode()).hexdigest()[:8]
                 rid = self.headers.get("X-Request-Id") or f"cmpl-{len(fake.paths)}"
                 pc = fake.cache.run(rid, toks, salt, tenant)
+                # The same request to the real binary too, so its KV events follow the traffic.
+                up = {**body, "model": fake.model}
+                requests.post(upstream + "/v1/completions", json=up, timeout=30,
+                              headers={"Authorization": f"Bearer {key}", "X-Request-Id": rid}).raise_for_status()
                 self._json(200, {"id": rid, "object": "text_completion", "choices": [{"index": 0, "text": "x", "finish_reason": "length"}],
                                  "usage": {"prompt_tokens": len(toks), "completion_tokens": 1},
                                  "metrics": {"prefix_cache": pc}})
@@ -317,6 +337,35 @@ class FakeServer:
                         fake.stop.wait(1.0)
                 except (BrokenPipeError, ConnectionResetError):
                     pass
+                self.close_connection = True
+
+            def _proxy_stream(self):
+                hdrs = {k: v for k, v in self.headers.items() if k.lower() in ("authorization", "accept", "last-event-id")}
+                u = urllib.parse.urlsplit(upstream)
+                conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+                conn.connect()
+                with fake.lock:
+                    fake.upstream_socks.append(conn.sock)  # shut down by close(), which ends read1
+                conn.request("GET", self.path, headers=hdrs)
+                r = conn.getresponse()
+                if r.status != 200:
+                    return self._json(r.status, {"error": {"message": r.read().decode(errors="replace")}})
+                self.send_response(200)
+                self.send_header("Content-Type", r.headers.get("Content-Type", "text/event-stream"))
+                self.send_header("Cache-Control", "no-cache")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    while not fake.stop.is_set():
+                        chunk = r.read1(65536)
+                        if not chunk:
+                            break
+                        self.wfile.write(chunk)
+                        self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError, TimeoutError, OSError):
+                    pass
+                finally:
+                    conn.close()
                 self.close_connection = True
 
             def _proxy(self):
@@ -347,6 +396,12 @@ class FakeServer:
 
     def close(self) -> None:
         self.stop.set()
+        with self.lock:
+            for sock in self.upstream_socks:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
         self.httpd.shutdown()
         self.httpd.server_close()
 
@@ -451,6 +506,7 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
     # The key leaves the address bar at once; it is sent as a header only.
     assert "key=" not in page.url
     _wait_text(page, "#conn", "live")
+    _wait_text(page, "#ev-status", "live")
     page.wait_for_function("() => window.cachetDashboard.snapshots >= 2", timeout=WAIT_MS)
     assert _text(page, "#t-prompt") == "0"
     assert _text(page, "#t-hit") == "–"
@@ -495,6 +551,13 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
         '#recent button[data-request-id="dash-req-b"] .rbar span', "ss => ss.map(s => s.style.width)")
     assert widths == ["75%", "25%", "0%"], widths
 
+    # KV cache events (the real binary's stream): A stored its 4 full blocks as new entries, B
+    # none (its recomputed block 3 was already an entry); nothing removed.
+    _wait_text(page, "#ev-stored", "4")
+    assert _text(page, "#ev-removed") == "0"
+    stored = page.locator('#ev-list li[data-kind="stored"]').all_inner_texts()
+    assert stored and all("dash-req-a" in x for x in stored), stored
+
     # Clicking a request opens its block lifecycle.
     page.click('#recent button[data-request-id="dash-req-b"]')
     page.wait_for_selector('#life-blocks tr[data-event="hit"]', timeout=WAIT_MS)
@@ -504,10 +567,14 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
     assert _text(page, '#life-fields dd[data-field="computed_tokens"]') == "16"
     assert page.get_attribute('#recent button[data-request-id="dash-req-b"]', "aria-pressed") == "true"
 
-    # Hottest prefixes (polled every 5 s): the 4 blocks A created, the first 3 hit once by B.
-    page.wait_for_function("() => document.querySelectorAll('#hottest tr td.mono').length >= 4", timeout=WAIT_MS)
-    created_by = [t.strip() for t in page.locator("#hottest td.mono").all_inner_texts()]
-    assert set(created_by) == {"dash-req-a"}, created_by
+    # Hottest prefixes (polled every 5 s): A created 4 blocks, B found the first 3 once; one
+    # prefix is reported, the deepest of that run: block 2 (from 0), 48 tokens, 1 hit, by A.
+    page.wait_for_function("() => document.querySelector('#hottest tr td.mono') !== null", timeout=WAIT_MS)
+    rows = page.locator("#hottest tr")
+    assert rows.count() == 1
+    cells = [c.strip() for c in rows.nth(0).locator("td").all_inner_texts()]
+    assert cells[:3] == ["2", "48", "1"] and cells[5] == "dash-req-a", cells
+    assert cells[4].endswith(" ago"), cells
 
     # The key never travelled in a URL.
     assert KEY not in target.urls_seen()
@@ -557,7 +624,7 @@ def test_dashboard_screenshot(browser_page):
         page, _ = browser_page
         page.goto(f"{t.base_url}/dashboard#key={KEY}")
         _wait_text(page, "#conn", "live")
-        system = list(range(5000, 5048))
+        system = list(range(10, 58))
         stop = threading.Event()
         failed: list[BaseException] = []
 
@@ -567,14 +634,14 @@ def test_dashboard_screenshot(browser_page):
                 while not stop.is_set():
                     n += 1
                     user = n % 5
-                    turn = system + [6000 + user] * 16 + list(range(7000 + 40 * user, 7000 + 40 * user + 8 + n % 23))
+                    turn = system + [60 + user] * 16 + [70 + (40 * user + j) % 150 for j in range(8 + n % 23)]
                     t.complete(turn, f"chat-{n:03d}", salt="team-b" if user == 4 else None)
                     if n % 7 == 0:  # a per-request nonce at token 37 of the system prompt
-                        t.complete(system[:37] + [90000 + n] + system[38:] + [1] * 20, f"nonce-{n:03d}")
+                        t.complete(system[:37] + [200 + n % 50] + system[38:] + [1] * 20, f"nonce-{n:03d}")
                     doc = n % 6  # six documents asked about in turn, pushed out by the batches below
-                    t.complete(list(range(30000 + 100 * doc, 30000 + 100 * doc + 80)) + [40000 + n] * 5, f"doc-{n:03d}")
+                    t.complete([(37 * doc + 11 * j) % 240 + 5 for j in range(80)] + [250 + n % 8] * 5, f"doc-{n:03d}")
                     if n % 9 == 0:  # something long and new, to push older blocks out
-                        t.complete(list(range(20000 + 1000 * n, 20000 + 1000 * n + 300)), f"batch-{n:03d}")
+                        t.complete([(13 * n + 7 * j + j * j % 17) % 255 + 1 for j in range(300)], f"batch-{n:03d}")
                     stop.wait(0.15)
             except BaseException as e:  # reported by the test below
                 failed.append(e)

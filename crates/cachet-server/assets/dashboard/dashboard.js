@@ -2,7 +2,8 @@
 //
 // Data: `GET /v1/cache/stats/stream` (server-sent events, one `snapshot` a second: monotonic
 // totals, gauges, miss reasons, what-if, divergence, tenants, the last requests), polled
-// `GET /v1/cache` (pool and hottest prefixes) and, on a click, `GET /v1/cache/requests/{id}`.
+// `GET /v1/cache` (pool and hottest prefixes), on a click `GET /v1/cache/requests/{id}`, and
+// the KV cache events of `GET /v1/cache/events` (live from when the page opened).
 // Rates are computed here from successive snapshots (delta / delta-t); a counter that went down
 // (server restarted, cache reset) gives a gap, never a negative rate.
 //
@@ -105,6 +106,7 @@
     try { if (apiKey) sessionStorage.setItem(KEY_STORE, apiKey); } catch (_) { /* memory only */ }
     $("keyform").hidden = true;
     restartStream();
+    runEvents();
     refreshHottest();
   });
 
@@ -480,18 +482,98 @@
     replaceKids($("hottest"), rows.length ? rows : [h("tr", null, h("td", { colspan: "6", class: "muted" }, "nothing cached"))]);
   }
 
+  // ---------- KV cache events (GET /v1/cache/events, live from when the page opened) ----------
+  const EV_MAX = 12;
+  const evTotals = { stored: 0, removed: 0, cleared: 0 };
+  let evRows = [];
+  let evController = null;
+
+  function evRow(ts, kind, text) {
+    evRows.unshift({ ts, kind, text });
+    evRows = evRows.slice(0, EV_MAX);
+  }
+
+  function onKvBatch(text) {
+    let b = null;
+    try { b = JSON.parse(text); } catch (_) { return; }
+    if (!b || !Array.isArray(b.events)) return;
+    for (const e of b.events) {
+      const n = Array.isArray(e.block_hashes) ? e.block_hashes.length : 0;
+      const who = (e.request_id ? " · " + e.request_id : "") + (e.medium ? " · " + e.medium : "");
+      if (e.type === "BlockStored") {
+        evTotals.stored += n;
+        evRow(b.ts, "stored", "stored " + fmtInt(n) + (n === 1 ? " block" : " blocks") + who);
+      } else if (e.type === "BlockRemoved") {
+        evTotals.removed += n;
+        evRow(b.ts, "removed", "removed " + fmtInt(n) + (n === 1 ? " block" : " blocks") + who);
+      } else if (e.type === "AllBlocksCleared") {
+        evTotals.cleared += 1;
+        evRow(b.ts, "cleared", "cache cleared" + who);
+      } else {
+        evRow(b.ts, "other", String(e.type));
+      }
+    }
+    renderKvEvents();
+  }
+
+  function renderKvEvents() {
+    $("ev-stored").textContent = fmtInt(evTotals.stored);
+    $("ev-removed").textContent = fmtInt(evTotals.removed);
+    $("ev-cleared").textContent = fmtInt(evTotals.cleared);
+    const items = evRows.map((r) => h("li", { "data-kind": r.kind },
+      h("span", { class: "muted" }, typeof r.ts === "number" ? new Date(r.ts * 1000).toLocaleTimeString("en-GB") : ""),
+      h("span", { class: "sw ev-" + r.kind, "aria-hidden": "true" }), r.text));
+    replaceKids($("ev-list"), items.length ? items : [h("li", { class: "muted" }, "no events yet")]);
+  }
+
+  function setEvStatus(text) {
+    $("ev-status").textContent = text;
+  }
+
+  async function runEvents() {
+    if (evController) evController.abort();
+    const my = new AbortController();
+    evController = my;
+    let wait = 1000;
+    while (evController === my) {
+      try {
+        await readSse("/v1/cache/events", my.signal, () => {
+          setEvStatus("live");
+          wait = 1000;
+        }, (name, text) => {
+          if (name === "batch") onKvBatch(text);
+          else if (name === "lagged") { evRow(Date.now() / 1000, "other", "missed " + text + " batches (page too slow)"); renderKvEvents(); }
+        });
+        if (evController !== my) return;
+        setEvStatus("stream ended, reconnecting…");
+      } catch (e) {
+        if (evController !== my) return;
+        if (e instanceof Unauthorized) { setEvStatus("API key needed"); return; }
+        if (e.status === 404) { setEvStatus("not available on this server"); return; }
+        setEvStatus("disconnected, retrying");
+      }
+      await new Promise((res) => setTimeout(res, wait));
+      wait = Math.min(10000, wait * 2);
+    }
+  }
+
   // ---------- the stream (fetch + a server-sent-events parser) ----------
   let controller = null;
   let backoff = 1000;
 
-  async function readStream(signal) {
-    const r = await fetch("/v1/cache/stats/stream", {
+  // One server-sent-events stream read with fetch (so the key goes in a header): `onOpen` once
+  // the response is 200, then `onEvent(name, data)` per event ("message" when it has no name).
+  async function readSse(path, signal, onOpen, onEvent) {
+    const r = await fetch(path, {
       headers: authHeaders({ Accept: "text/event-stream" }), cache: "no-store", signal,
     });
     if (r.status === 401) throw new Unauthorized();
-    if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
-    setConn("live", "live");
-    backoff = 1000;
+    if (!r.ok || !r.body) {
+      const e = new Error("HTTP " + r.status);
+      e.status = r.status;
+      throw e;
+    }
+    onOpen();
     const reader = r.body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = "";
     let evName = "";
@@ -506,11 +588,7 @@
         buf = buf.slice(nl + 1);
         if (line.endsWith("\r")) line = line.slice(0, -1);
         if (line === "") {
-          if (data.length && (evName === "snapshot" || evName === "")) {
-            let s = null;
-            try { s = JSON.parse(data.join("\n")); } catch (_) { s = null; }
-            if (s) onSnapshot(s);
-          }
+          if (data.length) onEvent(evName || "message", data.join("\n"));
           evName = "";
           data = [];
           continue;
@@ -524,6 +602,18 @@
         else if (field === "data") data.push(val);
       }
     }
+  }
+
+  function readStream(signal) {
+    return readSse("/v1/cache/stats/stream", signal, () => {
+      setConn("live", "live");
+      backoff = 1000;
+    }, (name, text) => {
+      if (name !== "snapshot" && name !== "message") return;
+      let s = null;
+      try { s = JSON.parse(text); } catch (_) { s = null; }
+      if (s) onSnapshot(s);
+    });
   }
 
   async function runStream() {
@@ -560,6 +650,7 @@
     // For tests and curious people: the charts and a snapshot count.
     window.cachetDashboard = { charts, series, get snapshots() { return snapshots; } };
     runStream();
+    runEvents();
     refreshHottest();
     setInterval(() => { if (!document.hidden) refreshHottest(); }, HOTTEST_EVERY_MS);
   }
