@@ -159,6 +159,8 @@ pub struct TiersReport {
     pub ttft: Vec<TtftCase>,
     pub breakdown: Vec<Phase>,
     pub throughput: Vec<ThroughputRow>,
+    /// Why the shared-prefix workload has no rows, when it failed.
+    pub throughput_error: Option<String>,
     pub load_average: String,
 }
 
@@ -883,6 +885,40 @@ async fn throughput_part(
             &load,
         )
         .await;
+        let model_name = crate::serve::fetch_model_name(&http.client, &s1.base_url)
+            .await
+            .unwrap_or_else(|| "default".into());
+        let model_name = model_name.as_str();
+        // The shared system prompt was computed once before, on the first instance (and, with
+        // the shared tier, written to Redis): the second instance finds it there or computes it.
+        if let Some(sess) = wl.sessions.first() {
+            let url = format!("{}/v1/chat/completions", s1.base_url);
+            let body = json!({
+                "model": model_name,
+                "messages": [
+                    {"role": "system", "content": sess.system},
+                    {"role": "user", "content": "Hello."}
+                ],
+                "max_tokens": 1,
+                "temperature": 0
+            });
+            let r = http
+                .client
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .map_err(|source| BenchError::Http {
+                    url: url.clone(),
+                    source,
+                })?;
+            if !r.status().is_success() {
+                return Err(err(format!("{name}: warm-up request: {}", r.status())));
+            }
+            if shared {
+                http.settled(&s1.base_url, 1.0).await?;
+            }
+        }
         let t0 = Instant::now();
         let reports: Vec<ServeReport> = match &s2 {
             None => vec![
@@ -890,7 +926,7 @@ async fn throughput_part(
                     &http.client,
                     &s1.base_url,
                     Api::Openai,
-                    "default",
+                    model_name,
                     name,
                     &wl,
                     &load,
@@ -913,7 +949,7 @@ async fn throughput_part(
                         &http.client,
                         &s1.base_url,
                         Api::Openai,
-                        "default",
+                        model_name,
                         name,
                         &w1,
                         &l1,
@@ -923,7 +959,7 @@ async fn throughput_part(
                         &http.client,
                         &s2.base_url,
                         Api::Openai,
-                        "default",
+                        model_name,
                         name,
                         &w2,
                         &l2,
@@ -950,7 +986,10 @@ async fn throughput_part(
         let completed: usize = reports.iter().map(|r| r.completed).sum();
         let failed: usize = reports.iter().map(|r| r.failed).sum();
         if failed > 0 {
-            return Err(err(format!("{name}: {failed} requests failed")));
+            let first: Vec<&String> = reports.iter().flat_map(|r| &r.first_errors).collect();
+            return Err(err(format!(
+                "{name}: {failed} requests failed (first: {first:?})"
+            )));
         }
         let mut ttfts: Vec<f64> = reports
             .iter()
@@ -1029,10 +1068,19 @@ pub async fn bench_tiers(a: &TiersArgs) -> Result<TiersReport, BenchError> {
         tokio::task::block_in_place(|| breakdown_part(a, &loaded, &redis2))?
     };
     drop(redis);
+    let mut throughput_error = None;
     let throughput = if a.no_throughput {
         Vec::new()
     } else {
-        throughput_part(a, &bin, &model, &a.redis_server, &http).await?
+        // A failed workload does not lose the TTFT figures: it is reported beside them.
+        match throughput_part(a, &bin, &model, &a.redis_server, &http).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                eprintln!("[tiers] shared-prefix workload failed: {e}");
+                throughput_error = Some(e.to_string());
+                Vec::new()
+            }
+        }
     };
     let report = TiersReport {
         model: loaded.info.name.clone(),
@@ -1045,6 +1093,7 @@ pub async fn bench_tiers(a: &TiersArgs) -> Result<TiersReport, BenchError> {
         ttft,
         breakdown,
         throughput,
+        throughput_error,
         load_average: load_average(),
     };
     crate::doc::publish(
@@ -1120,10 +1169,14 @@ pub fn markdown(r: &TiersReport) -> String {
             ));
         }
     }
+    if let Some(e) = &r.throughput_error {
+        out.push_str(&format!("\nThe shared-prefix workload failed: {e}\n"));
+    }
     if !r.throughput.is_empty() {
         out.push_str(
             "\nShared-prefix workload (`cachet bench serve`'s generator, streamed chat), the same \
-             sessions on one instance or split between two:\n\n| setup | requests | s | output tok/s | total tok/s | cached | loaded from Redis (tokens) | TTFT p50 (ms) |\n|---|---|---|---|---|---|---|---|\n",
+             sessions on one instance or split between two; the system prompt was computed once \
+             before the run, on the first instance:\n\n| setup | requests | s | output tok/s | total tok/s | cached | loaded from Redis (tokens) | TTFT p50 (ms) |\n|---|---|---|---|---|---|---|---|\n",
         );
         for t in &r.throughput {
             out.push_str(&format!(
