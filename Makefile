@@ -44,7 +44,7 @@ amx-emu:
 e2e:
 	@test -x $(BIN) || $(CARGO) test --workspace --release --no-run
 	CACHET_BIN=$(CURDIR)/$(BIN) CACHET_E2E_REAL_MODEL=1 CACHET_E2E_MODEL_ARGS="--model $(MODEL)" \
-		CACHET_E2E_REQUIRE_DYNAMO=1 $(VENV)/bin/python -m pytest -q tests/e2e
+		CACHET_E2E_REQUIRE_DYNAMO=1 CACHET_E2E_REQUIRE_BROWSER=1 $(VENV)/bin/python -m pytest -q tests/e2e
 
 bench:
 	$(CARGO) bench --workspace
