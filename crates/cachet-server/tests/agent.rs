@@ -284,6 +284,28 @@ async fn n_choices_share_one_prefill_and_usage_counts_the_prompt_once() {
         after.val("vllm:prompt_tokens_total") - before.val("vllm:prompt_tokens_total"),
         40
     );
+    // Two prompts, two choices each: prompt i's choices are 2i and 2i + 1; per-request metrics
+    // one object per prompt.
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": ["first prompt", "second"], "n": 2, "max_tokens": 2, "ignore_eos": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let idx: Vec<u64> = v["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(idx, [0, 1, 2, 3]);
+    assert_eq!(v["usage"]["prompt_tokens"], 12 + 6);
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    let m = v["metrics"].as_array().unwrap();
+    assert_eq!(m.len(), 2);
+    assert_eq!(m[0]["prefix_cache"]["prompt_tokens"], 12);
+    assert_eq!(m[1]["prefix_cache"]["prompt_tokens"], 6);
     // The same prompt again: both full blocks come from the cache.
     let (_, v, _) = h
         .post(
