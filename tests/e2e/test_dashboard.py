@@ -14,7 +14,10 @@ derived by hand from that traffic (block size 16):
   request B: the same 64 tokens: 4 blocks found, capped at floor(63/16)*16 = 48 tokens (the last
              token must be computed); 16 computed, 0 cache creation (block 3's hash exists);
              its misses are 16 `capped_for_logits`; its lifecycle has 3 `hit` blocks.
-  totals:    prompt tokens 128, queried 128, hit 48 -> hit rate 37.5 %.
+  totals:    prompt tokens 128, queried 128, hit 48 -> hit rate 37.5 %; 2x/4x what-if the same
+             (nothing evicted); no divergence.
+  request C: A with a nonce at position 37: 32 cached, diverged_at 37 (A's block 2 is the cached
+             sibling), 32 computed and written to new entries.
   KV events: 4 blocks stored, all by A (B's block 3 was already an entry), none removed. The page
              reads `/v1/cache/events` from the real binary in both modes (the fake proxies that
              stream and sends each request to the binary as well).
@@ -549,6 +552,14 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
     _wait_text(page, '#miss li[data-reason="never_cached"] .num', "64 (80 %)")
     assert _text(page, '#miss li[data-reason="capped_for_logits"] .num') == "16 (20 %)"
 
+    # What more memory would buy: nothing here (nothing was evicted), so 2x and 4x equal the
+    # hit rate; no divergence yet (A had no cached sibling, B matched); A's 4 entries idle.
+    _wait_text(page, '#whatif li[data-whatif="2x"] .num', "37.5 %")
+    assert _text(page, '#whatif li[data-whatif="4x"] .num') == "37.5 %"
+    assert (_text(page, "#div-early"), _text(page, "#div-all")) == ("0", "0")
+    kv = dict(zip(page.locator("#n-kv dt").all_inner_texts(), page.locator("#n-kv dd").all_inner_texts()))
+    assert (kv["in use"], kv["cached idle"]) == ("0", "4"), kv
+
     # Per-tenant: everything under "default".
     row = page.locator('#tenants tr[data-tenant="default"]')
     assert [c.strip() for c in row.locator("td").all_inner_texts()] == ["37.5 %", "128", "48", "48"]
@@ -589,6 +600,18 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
     cells = [c.strip() for c in rows.nth(0).locator("td").all_inner_texts()]
     assert cells[:3] == ["2", "48", "1"] and cells[5] == "dash-req-a", cells
     assert cells[4].endswith(" ago"), cells
+
+    # Divergence: C is A with a nonce at position 37. Blocks 0-1 hit (32 tokens); block 2 (tokens
+    # 32..47) has A's block 2 as a cached sibling, first different at 37 -> diverged_at 37, within
+    # the first 64 tokens.
+    c = target.complete(PROMPT[:37] + [7] + PROMPT[38:], "dash-req-c")
+    assert c["metrics"]["prefix_cache"]["cached_tokens"] == 32
+    assert c["metrics"]["prefix_cache"]["diverged_at"] == 37
+    _wait_text(page, "#div-early", "1")
+    assert _text(page, "#div-all") == "1"
+    assert _text(page, "#div-recent") == "Recent: dash-req-c at token 37"
+    text_c = _text(page, '#recent button[data-request-id="dash-req-c"] .rtext')
+    assert text_c.startswith("32 cached · 32 computed · 32 created / 64 · diverged at 37"), text_c
 
     # The key never travelled in a URL.
     assert KEY not in target.urls_seen()
