@@ -26,7 +26,9 @@ pub struct ServerArgs {
     /// Model name(s) clients must use in `model`; defaults to the engine's model name.
     #[arg(long, num_args = 1..)]
     pub served_model_name: Vec<String>,
-    /// Require this key on every `/v1` route (`Authorization: Bearer` or `x-api-key`).
+    /// Require this key on every `/v1` route (`Authorization: Bearer` or `x-api-key`); a
+    /// comma-separated list accepts any of them, and `NAME:KEY` names the tenant its requests
+    /// are counted under (`cachet:tenant_*` metrics).
     #[arg(long, env = "CACHET_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Add a top-level `metrics` object (timings and prefix-cache stats) to every response.

@@ -1,4 +1,12 @@
-//! API-key check for the `/v1` routes.
+//! API-key check for the `/v1` routes, and the tenant a key names.
+//!
+//! `--api-key` takes one key or a comma-separated list; an entry `NAME:KEY` names its tenant
+//! (split at the first `:`, so a key that itself contains `:` must be given with a name). A
+//! request's key is compared with every configured key in constant time; the matching entry's
+//! name is the request's tenant for the per-tenant cache numbers (spec: a tenant is the key's
+//! name, else a digest of the `cache_salt`, else "default" — never the salt itself).
+
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap};
@@ -8,6 +16,51 @@ use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
 use crate::AppState;
+
+/// The configured keys, each with the tenant name it carries.
+#[derive(Clone, Debug, Default)]
+pub struct ApiKeys {
+    keys: Vec<(Option<Arc<str>>, String)>,
+}
+
+impl ApiKeys {
+    /// Parse `--api-key`: `KEY`, `NAME:KEY`, or a comma-separated list of them (empty
+    /// entries ignored; no entries: no key required).
+    pub fn parse(spec: Option<&str>) -> Self {
+        let keys = spec
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .filter_map(|e| match e.split_once(':') {
+                Some((name, key)) if !key.is_empty() => {
+                    let name = name.trim();
+                    Some(((!name.is_empty()).then(|| Arc::from(name)), key.to_string()))
+                }
+                Some(_) => None,
+                None => Some((None, e.to_string())),
+            })
+            .collect();
+        ApiKeys { keys }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+
+    /// The entry `provided` matches: `Some(name)` (the name may be absent), `None` for no
+    /// match. Every key is compared, in constant time each.
+    pub fn check(&self, provided: Option<&str>) -> Option<Option<Arc<str>>> {
+        let p = provided?;
+        let mut found = None;
+        for (name, key) in &self.keys {
+            if bool::from(p.as_bytes().ct_eq(key.as_bytes())) && found.is_none() {
+                found = Some(name.clone());
+            }
+        }
+        found
+    }
+}
 
 fn provided_key(headers: &HeaderMap) -> Option<&str> {
     if let Some(v) = headers
@@ -27,26 +80,32 @@ fn provided_key(headers: &HeaderMap) -> Option<&str> {
         .map(str::trim)
 }
 
-/// Constant-time comparison (the length is not secret).
-pub fn key_matches(provided: Option<&str>, expected: &str) -> bool {
-    match provided {
-        Some(p) => bool::from(p.as_bytes().ct_eq(expected.as_bytes())),
-        None => false,
-    }
+tokio::task_local! {
+    /// The tenant name of the key that authorized the request being handled.
+    static TENANT: Option<Arc<str>>;
+}
+
+/// The tenant name of the request this task handles (its API key's name), if any.
+pub fn current_tenant() -> Option<Arc<str>> {
+    TENANT.try_with(Clone::clone).ok().flatten()
 }
 
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(expected) = state.api_key() {
-        if !key_matches(provided_key(req.headers()), expected) {
+    let keys = state.api_keys();
+    if keys.is_empty() {
+        return next.run(req).await;
+    }
+    match keys.check(provided_key(req.headers())) {
+        Some(name) => TENANT.scope(name, next.run(req)).await,
+        None => {
             let err = ApiError::Unauthorized;
-            return if req.uri().path().starts_with("/v1/messages") {
+            if req.uri().path().starts_with("/v1/messages") {
                 err.anthropic_response()
             } else {
                 err.openai_response()
-            };
+            }
         }
     }
-    next.run(req).await
 }
 
 #[cfg(test)]
@@ -61,9 +120,25 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-api-key", "sk-2".parse().unwrap());
         assert_eq!(provided_key(&h), Some("sk-2"));
-        assert!(key_matches(Some("abc"), "abc"));
-        assert!(!key_matches(Some("abd"), "abc"));
-        assert!(!key_matches(Some("ab"), "abc"));
-        assert!(!key_matches(None, "abc"));
+        let k = ApiKeys::parse(Some("abc"));
+        assert_eq!(k.check(Some("abc")), Some(None));
+        assert_eq!(k.check(Some("abd")), None);
+        assert_eq!(k.check(Some("ab")), None);
+        assert_eq!(k.check(None), None);
+    }
+
+    #[test]
+    fn named_keys_name_their_tenant() {
+        let k = ApiKeys::parse(Some("alice:sk-a, sk-plain ,bob:sk:b,:sk-anon,broken:"));
+        assert_eq!(k.check(Some("sk-a")), Some(Some(Arc::from("alice"))));
+        assert_eq!(k.check(Some("sk-plain")), Some(None));
+        // Split at the first ':': bob's key is "sk:b".
+        assert_eq!(k.check(Some("sk:b")), Some(Some(Arc::from("bob"))));
+        assert_eq!(k.check(Some("sk-anon")), Some(None));
+        assert_eq!(k.check(Some("alice:sk-a")), None);
+        assert_eq!(k.check(Some("broken:")), None);
+        assert_eq!(k.check(None), None);
+        assert!(ApiKeys::parse(None).is_empty());
+        assert!(ApiKeys::parse(Some(" , ")).is_empty());
     }
 }

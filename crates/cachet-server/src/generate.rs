@@ -208,6 +208,10 @@ impl Generation {
             });
         }
         let engine = state.engine();
+        let mut draft = draft;
+        if draft.tenant.is_none() {
+            draft.tenant = crate::auth::current_tenant();
+        }
         let valid = engine.limits().validate(draft).map_err(map_invalid)?;
         let stream = engine.add_request(valid).await.map_err(map_add_error)?;
         Ok(Generation {

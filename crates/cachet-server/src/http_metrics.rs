@@ -20,6 +20,14 @@ const ROUTES: &[&str] = &[
     "/v1/completions",
     "/v1/messages",
     "/v1/models",
+    "/v1/chat/completions/render",
+    "/v1/completions/render",
+    "/v1/messages/count_tokens",
+    "/v1/cache",
+    "/v1/cache/events",
+    "/v1/cache/reset",
+    "/v1/cache/stats/stream",
+    "/dashboard",
     "/reset_prefix_cache",
     "/tokenize",
     "/detokenize",
@@ -32,6 +40,16 @@ const EXCLUDED: &[&str] = &["/metrics", "/health"];
 pub fn handler_label(path: &str) -> &'static str {
     if let Some(r) = ROUTES.iter().find(|r| **r == path) {
         return r;
+    }
+    if let Some(rest) = path.strip_prefix("/v1/cache/requests/") {
+        if !rest.is_empty() && !rest.contains('/') {
+            return "/v1/cache/requests/{id}";
+        }
+    }
+    if let Some(rest) = path.strip_prefix("/dashboard/assets/") {
+        if !rest.is_empty() && !rest.contains('/') {
+            return "/dashboard/assets/{name}";
+        }
     }
     if let Some(rest) = path.strip_prefix("/v1/sessions/") {
         if !rest.is_empty() && !rest.contains('/') {

@@ -33,6 +33,7 @@ pub mod error;
 pub mod fields;
 pub mod generate;
 mod http_metrics;
+pub mod inspect;
 mod limits;
 mod listener;
 pub mod metrics;
@@ -74,7 +75,7 @@ struct StateInner {
     agent: agent::Agent,
     metrics: MetricsHandle,
     model_names: Vec<String>,
-    api_key: Option<String>,
+    api_keys: auth::ApiKeys,
     per_request_metrics: bool,
     max_body_bytes: usize,
     http: limits::HttpPolicy,
@@ -112,7 +113,7 @@ impl AppState {
                 agent,
                 metrics,
                 model_names,
-                api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+                api_keys: auth::ApiKeys::parse(args.api_key.as_deref()),
                 per_request_metrics: args.enable_per_request_metrics,
                 max_body_bytes: args.max_body_bytes,
                 http: limits::HttpPolicy::from_args(args),
@@ -150,8 +151,8 @@ impl AppState {
         self.inner.engine.model().max_model_len
     }
 
-    fn api_key(&self) -> Option<&str> {
-        self.inner.api_key.as_deref()
+    fn api_keys(&self) -> &auth::ApiKeys {
+        &self.inner.api_keys
     }
 
     fn per_request_metrics(&self) -> bool {
@@ -205,6 +206,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/completions/render", post(openai::completions_render))
         .route("/v1/cache/events", get(cache_routes::cache_events))
+        .route("/v1/cache", get(inspect::overview))
+        .route("/v1/cache/requests/{id}", get(inspect::request))
+        .route("/v1/cache/reset", post(inspect::reset))
+        .route("/v1/cache/stats/stream", get(inspect::stats_stream))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(misc::models))

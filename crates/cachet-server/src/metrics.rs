@@ -282,7 +282,42 @@ struct EngineMetrics {
     gauges: Vec<GaugeF64>,
     waiting_by_reason: Family<Labels, Gauge>,
     sleep_state: Family<Labels, Gauge>,
+    /// One per [`TENANT_COUNTERS`] entry, by `tenant`.
+    tenants: Vec<Family<Labels, Counter>>,
+    /// `cachet:prefix_cache_hit_rate{pool_scale}`.
+    hit_rate: Family<Labels, GaugeF64>,
 }
+
+/// Per-tenant counters (`tenant`: the API key's name, else `salt-` and a digest of the
+/// `cache_salt`, else `default`; at most `--max-tenant-labels` values, the rest `other`).
+/// (metric, help, the delta's field).
+type TenantCounter = (&'static str, &'static str, fn(&cachet_engine::TenantDelta) -> u64);
+
+pub const TENANT_COUNTERS: &[TenantCounter] = &[
+    (
+        "cachet:tenant_prefix_cache_queries",
+        "Prefix cache queries (prompt tokens looked up) by tenant",
+        |d| d.prefix_cache_queries,
+    ),
+    (
+        "cachet:tenant_prefix_cache_hits",
+        "Prefix cache hits (tokens found in the local cache) by tenant",
+        |d| d.prefix_cache_hits,
+    ),
+    (
+        "cachet:tenant_prompt_tokens",
+        "Prompt tokens by tenant",
+        |d| d.prompt_tokens,
+    ),
+    (
+        "cachet:tenant_cached_tokens",
+        "Prompt tokens served from cache (local and external) by tenant",
+        |d| d.cached_tokens,
+    ),
+];
+
+/// `cachet:prefix_cache_hit_rate{pool_scale}`'s help.
+const HIT_RATE_HELP: &str = "Local prefix-cache hit rate since the start (hits / queries): measured (1x), and estimated for a pool with 2x and 4x the blocks from the shadow set of evicted blocks";
 
 /// The server's own metrics: `http_requests_total` and the duration histograms.
 #[derive(Debug)]
@@ -395,6 +430,23 @@ impl MetricsHandle {
             "Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2",
             sleep_state.clone(),
         );
+        let tenants = TENANT_COUNTERS
+            .iter()
+            .map(|(name, help, _)| {
+                let f = Family::<Labels, Counter>::default();
+                r.register(*name, *help, f.clone());
+                f
+            })
+            .collect();
+        let hit_rate = Family::<Labels, GaugeF64>::default();
+        for scale in ["1x", "2x", "4x"] {
+            let _ = hit_rate.get_or_create(&label("pool_scale", scale));
+        }
+        r.register(
+            "cachet:prefix_cache_hit_rate",
+            HIT_RATE_HELP,
+            hit_rate.clone(),
+        );
         let cache_info = Family::<Labels, Gauge>::default();
         cache_info.get_or_create(&cache.labels()).set(1);
         r.register(
@@ -437,6 +489,8 @@ impl MetricsHandle {
                 gauges,
                 waiting_by_reason,
                 sleep_state,
+                tenants,
+                hit_rate,
             }),
             http: Arc::new(http),
         };
@@ -528,6 +582,23 @@ impl StatLogger for PrometheusLogger {
                 c.inc_by(v);
             }
         }
+        for t in &step.tenants {
+            let l = label("tenant", &t.tenant);
+            for ((_, _, value), fam) in TENANT_COUNTERS.iter().zip(&m.tenants) {
+                let v = value(t);
+                if v > 0 {
+                    fam.get_or_create(&l).inc_by(v);
+                }
+            }
+        }
+        let h = &step.hit_rates;
+        for (scale, v) in [
+            ("1x", h.hit_rate),
+            ("2x", h.hit_rate_2x),
+            ("4x", h.hit_rate_4x),
+        ] {
+            m.hit_rate.get_or_create(&label("pool_scale", scale)).set(v);
+        }
         for f in &step.finished {
             m.request_success
                 .get_or_create(&label("finished_reason", f.finish_reason.as_str()))
@@ -618,6 +689,14 @@ pub fn markdown_table() -> String {
     out.push_str(
         "| `vllm:cache_config_info` | gauge | 1, with the KV cache configuration as labels |\n",
     );
+    out.push_str(&format!(
+        "| `cachet:prefix_cache_hit_rate{{pool_scale}}` | gauge | {HIT_RATE_HELP} |\n"
+    ));
+    for (name, help, _) in TENANT_COUNTERS {
+        out.push_str(&format!(
+            "| `{name}_total{{tenant}}` | counter | {help} |\n"
+        ));
+    }
     let mut seen: Vec<&str> = Vec::new();
     for c in COUNTERS {
         match c.label {

@@ -149,6 +149,10 @@ pub fn request_metrics_json(f: &Final) -> Value {
             let t = times.unwrap_or(r.times);
             let mut j = prefix_cache_json(p, t.queue_s(), t.prefill_s());
             j["external_sources"] = json!(r.external);
+            // Where the prompt left a cached one (same tenant only), with the tokens around.
+            if let Some(d) = &r.divergence {
+                j["divergence"] = json!(d);
+            }
             Some(j)
         }),
     });

@@ -84,10 +84,33 @@ pub struct EngineArgs {
     /// Event batches `GET /v1/cache/events` keeps for `Last-Event-ID` replay (0: no endpoint).
     #[arg(long, default_value_t = 1024)]
     pub kv_events_sse_buffer: usize,
+    /// Recently evicted block hashes remembered for the `evicted` miss reason and the 2x/4x
+    /// hit-rate estimates (default: six times the pool; 0: none, evictions then read as
+    /// `never_cached` and no estimate is made).
+    #[arg(long)]
+    pub eviction_shadow_blocks: Option<usize>,
+    /// Tenants with their own label in `cachet:tenant_*` (the rest are `other`).
+    #[arg(long, default_value_t = 64)]
+    pub max_tenant_labels: usize,
+    /// Finished requests whose block lifecycle `GET /v1/cache/requests/{id}` keeps.
+    #[arg(long, default_value_t = 256)]
+    pub request_history: usize,
     /// Simulator, fault injection: panic the core thread on the step that computes this text
     /// (tests of the engine-death path).
     #[arg(long, hide = true)]
     pub sim_panic_on: Option<String>,
+}
+
+impl EngineArgs {
+    /// What the recorder keeps for cache insight.
+    pub fn insight(&self) -> cachet_engine::InsightConfig {
+        cachet_engine::InsightConfig {
+            shadow_blocks: self.eviction_shadow_blocks,
+            max_tenant_labels: Some(self.max_tenant_labels),
+            request_history: self.request_history,
+            block_index: true,
+        }
+    }
 }
 
 impl Default for EngineArgs {
@@ -115,6 +138,9 @@ impl Default for EngineArgs {
             sim_panic_on: None,
             kv_events_config: None,
             kv_events_sse_buffer: 1024,
+            eviction_shadow_blocks: None,
+            max_tenant_labels: 64,
+            request_history: 256,
         }
     }
 }

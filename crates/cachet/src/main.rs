@@ -103,8 +103,8 @@ fn kv_event_sinks(
     use std::sync::Arc;
     let mut sinks: Sinks = Vec::new();
     if let Some(json) = engine.kv_events_config.as_deref() {
-        let cfg = cachet_kv_events::KvEventsConfig::from_json(json)
-            .context("--kv-events-config")?;
+        let cfg =
+            cachet_kv_events::KvEventsConfig::from_json(json).context("--kv-events-config")?;
         if let Some(publisher) = cachet_kv_events::start_publisher(&cfg)? {
             tracing::info!(
                 endpoint = publisher.bound_endpoint().unwrap_or(publisher.endpoint()),
@@ -167,6 +167,7 @@ fn serve(
         cachet_engine::core_loop::CoreOptions {
             loggers,
             event_sinks,
+            insight: engine.insight(),
             tier: tier.clone().map(|c| {
                 Box::new(cachet_tiers::EngineTier::new(c)) as Box<dyn cachet_engine::tier::KvTier>
             }),

@@ -39,6 +39,8 @@ pub struct Opts {
     pub panic_on: Option<Vec<u32>>,
     /// KV cache events into a log of this many batches (`GET /v1/cache/events`); 0: none.
     pub event_log: usize,
+    /// What the recorder keeps for cache insight (default: everything, as `cachet serve`).
+    pub insight: cachet_engine::InsightConfig,
 }
 
 impl Default for Opts {
@@ -54,6 +56,7 @@ impl Default for Opts {
             step_ms: 0,
             served_model_names: Vec::new(),
             panic_on: None,
+            insight: cachet_engine::InsightConfig::full(),
             event_log: 0,
         }
     }
@@ -116,6 +119,7 @@ pub fn start(opts: Opts) -> Harness {
         CoreOptions {
             loggers: vec![Box::new(metrics.logger())],
             event_sinks,
+            insight: opts.insight,
             ..Default::default()
         },
     )
