@@ -14,7 +14,9 @@ import requests
 
 from tiers_lib import Metrics, RedisNode, prompt_text, serve, settled
 
-SLOW = ["--sim-decode-us-per-seq", "400", "--sim-prefill-us-per-token", "5"]
+# Slow enough that the 8 client threads keep the 6 sequences of the small pool overlapping
+# (and so preempting) even on a loaded machine.
+SLOW = ["--sim-decode-us-per-seq", "2000", "--sim-prefill-us-per-token", "5"]
 POOL = ["--num-kv-blocks", "48", "--max-num-seqs", "6"]
 
 
