@@ -31,6 +31,8 @@ SKIPPED = {
     "make serve   # fetch the default model if missing, build in release mode, serve on 127.0.0.1:8000",
     "redis-server --port 6379 --save '' &",  # test_tiers.py
     "cachet serve --kv-tier host,redis \\",  # test_tiers.py (cluster)
+    "scripts/test-deps-dynamo.sh",  # test_kv_events_cachet.py (two instances, Dynamo's indexer)
+    "P=$(python3 -c 'print(\"The tide tables of the northern coast, in full. \" * 60)')",  # same
 }
 
 
