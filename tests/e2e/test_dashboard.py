@@ -74,7 +74,7 @@ WAIT_MS = 15000
 # stand-in below) or "auto" (real when `GET /v1/cache` answers 200, else fake). Once those routes
 # have landed, the default becomes "real" (this one line), so that a broken route fails the test
 # instead of falling back to the stand-in.
-DATA = os.environ.get("CACHET_DASHBOARD_DATA", "auto")
+DATA = os.environ.get("CACHET_DASHBOARD_DATA", "real")
 assert DATA in ("auto", "real", "fake"), DATA
 
 # What the browser tests lack, if anything. `make test` sets CACHET_E2E_REQUIRE_BROWSER=1: there

@@ -501,6 +501,7 @@ fn aborted(gen: &Generation) -> Final {
         error: None,
         seq: 0,
         last: true,
+        divergence_text: None,
     }
 }
 

@@ -75,6 +75,27 @@ pub struct Final {
     pub seq: u32,
     /// Every sequence of the request has ended with this one.
     pub last: bool,
+    /// With per-request metrics: the text around the point where the prompt left a cached
+    /// one (`{"before", "ours", "theirs"}`, each a few tokens, detokenized and clipped).
+    pub divergence_text: Option<serde_json::Value>,
+}
+
+/// Longest text shown for each side of a divergence point.
+const DIVERGENCE_TEXT_CHARS: usize = 80;
+
+fn divergence_text(
+    tok: &dyn cachet_text::TextTokenizer,
+    d: &cachet_core::recorder::Divergence,
+) -> serde_json::Value {
+    let text = |ids: &[u32]| -> String {
+        let t = tok.decode(ids, false).unwrap_or_default();
+        t.chars().take(DIVERGENCE_TEXT_CHARS).collect()
+    };
+    serde_json::json!({
+        "before": text(&d.before),
+        "ours": text(&d.ours),
+        "theirs": text(&d.theirs),
+    })
 }
 
 /// New text (possibly empty) of sequence `seq` and, when asked for, the sampled tokens with
@@ -407,9 +428,15 @@ impl Generation {
                 f.generation_tokens = total;
             }
         }
+        let divergence_text = report
+            .as_ref()
+            .and_then(|r| r.divergence.as_deref())
+            .filter(|_| self.state.per_request_metrics())
+            .map(|d| divergence_text(self.state.tokenizer().as_ref(), d));
         self.queue.push_back(GenEvent::Done(Box::new(Final {
             stop,
             report,
+            divergence_text,
             session: self.session.clone(),
             prompt_len: self.prompt_len,
             tokens_received,

@@ -288,11 +288,15 @@ struct EngineMetrics {
     hit_rate: Family<Labels, GaugeF64>,
 }
 
+/// A per-tenant counter: (metric, help, the delta's field).
+type TenantCounter = (
+    &'static str,
+    &'static str,
+    fn(&cachet_engine::TenantDelta) -> u64,
+);
+
 /// Per-tenant counters (`tenant`: the API key's name, else `salt-` and a digest of the
 /// `cache_salt`, else `default`; at most `--max-tenant-labels` values, the rest `other`).
-/// (metric, help, the delta's field).
-type TenantCounter = (&'static str, &'static str, fn(&cachet_engine::TenantDelta) -> u64);
-
 pub const TENANT_COUNTERS: &[TenantCounter] = &[
     (
         "cachet:tenant_prefix_cache_queries",

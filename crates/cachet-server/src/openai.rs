@@ -585,6 +585,7 @@ fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
         error: None,
         seq: 0,
         last: true,
+        divergence_text: None,
     })
 }
 

@@ -152,6 +152,9 @@ pub fn request_metrics_json(f: &Final) -> Value {
             // Where the prompt left a cached one (same tenant only), with the tokens around.
             if let Some(d) = &r.divergence {
                 j["divergence"] = json!(d);
+                if let Some(t) = &f.divergence_text {
+                    j["divergence"]["text"] = t.clone();
+                }
             }
             Some(j)
         }),

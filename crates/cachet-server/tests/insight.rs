@@ -60,6 +60,11 @@ async fn a_nonce_at_37_is_named_in_the_response_and_the_counters() {
         i64::from(p.as_bytes()[37 - lead]) - i64::from(b'#')
     );
     assert_eq!(d["before"].as_array().unwrap().len(), 8);
+    // The text around it, detokenized: 8 tokens before, then ours and theirs from the point.
+    let at = 37 - lead;
+    assert_eq!(d["text"]["before"], &p[at - 8..at]);
+    assert_eq!(d["text"]["ours"], &q[at..at + 8]);
+    assert_eq!(d["text"]["theirs"], &p[at..at + 8]);
     // Blocks 2.. of n tokens computed: never cached, and the tail of the last block.
     let full = n / BLOCK;
     assert_eq!(
