@@ -12,7 +12,12 @@ use http_body_util::BodyExt;
 use serde_json::{json, Value};
 
 /// Reads SSE events from `path` until `n` have arrived (or panics after 10 s).
-async fn read_events(h: &Harness, path: &str, last_id: Option<&str>, n: usize) -> Vec<(Option<String>, Option<String>, Value)> {
+async fn read_events(
+    h: &Harness,
+    path: &str,
+    last_id: Option<&str>,
+    n: usize,
+) -> Vec<(Option<String>, Option<String>, Value)> {
     let mut req = Request::get(path);
     if let Some(id) = last_id {
         req = req.header("last-event-id", id);
@@ -45,7 +50,11 @@ async fn read_events(h: &Harness, path: &str, last_id: Option<&str>, n: usize) -
                 }
             }
             if event.is_some() || !data.is_empty() {
-                out.push((event, id, serde_json::from_str(&data).unwrap_or(Value::Null)));
+                out.push((
+                    event,
+                    id,
+                    serde_json::from_str(&data).unwrap_or(Value::Null),
+                ));
             }
         }
     }
@@ -91,7 +100,10 @@ async fn cache_events_name_what_entered_and_left_the_cache() {
     assert_eq!(e1[0]["block_hashes"].as_array().unwrap().len(), 1);
     assert_eq!(e1[0]["parent_block_hash"], e0[0]["block_hashes"][0]);
     assert_eq!(e1[0]["token_ids"], json!(b[16..32]));
-    assert_eq!(evs[2].2["events"], json!([{"type": "AllBlocksCleared", "medium": "GPU"}]));
+    assert_eq!(
+        evs[2].2["events"],
+        json!([{"type": "AllBlocksCleared", "medium": "GPU"}])
+    );
 
     // Replay from Last-Event-ID: only what came after batch 0.
     let evs = read_events(&h, "/v1/cache/events", Some("0"), 2).await;
@@ -110,12 +122,20 @@ async fn cache_events_are_behind_the_api_key_and_off_without_a_log() {
         ..Opts::default()
     });
     let resp = h
-        .send(Request::get("/v1/cache/events").body(Body::empty()).unwrap())
+        .send(
+            Request::get("/v1/cache/events")
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await;
     assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
     let h = start(Opts::default());
     let resp = h
-        .send(Request::get("/v1/cache/events").body(Body::empty()).unwrap())
+        .send(
+            Request::get("/v1/cache/events")
+                .body(Body::empty())
+                .unwrap(),
+        )
         .await;
     assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
 }
