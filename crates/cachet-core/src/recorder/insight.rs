@@ -170,6 +170,8 @@ pub(crate) struct RequestInsight {
     pub local_blocks: usize,
     pub pending_blocks: usize,
     pub divergence: Option<Arc<Divergence>>,
+    /// A sequence of a request with several (n > 1): its lifecycle joins the others'.
+    pub shared: bool,
 }
 
 impl RequestInsight {
@@ -287,11 +289,13 @@ impl Insight {
         }
     }
 
+    /// A new request; `blocks` is about how many blocks it will touch (lifecycle room).
     pub(crate) fn arrived(
         &mut self,
         tenant: &Arc<str>,
         cache_salt: Option<&str>,
         adapter: Option<&str>,
+        blocks: usize,
     ) -> RequestInsight {
         RequestInsight {
             tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
@@ -300,7 +304,9 @@ impl Insight {
             } else {
                 0
             },
-            life: (self.cfg.request_history > 0).then(Vec::new),
+            // Each block is hit, or allocated and filled; a little room for evictions.
+            life: (self.cfg.request_history > 0)
+                .then(|| Vec::with_capacity((2 * blocks + 4).min(MAX_BLOCK_EVENTS))),
             ..Default::default()
         }
     }
@@ -311,6 +317,7 @@ impl Insight {
             tenant: parent.tenant,
             root_key: parent.root_key,
             life: parent.life.as_ref().map(|_| Vec::new()),
+            shared: true,
             ..Default::default()
         }
     }
@@ -647,7 +654,12 @@ impl Insight {
         }
         let Some(blocks) = ri.life else { return };
         // The sequences of one request share its entry.
-        if let Some(h) = self.history.iter_mut().rev().find(|h| h.handle == handle) {
+        let joined = if ri.shared {
+            self.history.iter_mut().rev().find(|h| h.handle == handle)
+        } else {
+            None
+        };
+        if let Some(h) = joined {
             h.blocks_dropped += ri.dropped;
             let room = MAX_BLOCK_EVENTS.saturating_sub(h.blocks.len());
             h.blocks_dropped += blocks.len().saturating_sub(room) as u64;

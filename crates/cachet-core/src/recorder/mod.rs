@@ -402,7 +402,8 @@ impl Recorder {
                 tenant,
                 session,
             } => {
-                let ins = self.insight.arrived(tenant, cache_salt, adapter);
+                let blocks = (prompt_len + max_tokens as usize).div_ceil(b);
+                let ins = self.insight.arrived(tenant, cache_salt, adapter, blocks);
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
@@ -768,6 +769,13 @@ impl Recorder {
                 }
                 self.records[i] = Some(rec);
                 self.last_token[i] = now;
+                if let Some(p) = self
+                    .records
+                    .get_mut(parent as usize)
+                    .and_then(|r| r.as_mut())
+                {
+                    p.ins.shared = true;
+                }
                 let ins = self.records[i].as_mut().map(|r| &mut r.ins);
                 self.insight.allocated(ins, pool, kv, blocks);
                 self.insight.trim();
