@@ -373,6 +373,16 @@ pub struct HitRates {
 }
 
 impl CounterTotals {
+    /// A request's miss reasons into their counters.
+    pub fn add_miss(&mut self, m: &MissTokens) {
+        self.miss_capped_for_logits += m.capped_for_logits;
+        self.miss_partial_block += m.partial_block;
+        self.miss_evicted += m.evicted;
+        self.miss_never_cached += m.never_cached;
+        self.miss_lookup_skipped += m.lookup_skipped;
+        self.miss_load_failed += m.load_failed;
+    }
+
     pub fn hit_rates(&self) -> HitRates {
         let q = self.prefix_cache_queries;
         let r = |h: u64| if q == 0 { 0.0 } else { h as f64 / q as f64 };

@@ -31,6 +31,16 @@ pub fn req(id: &str, prompt: Vec<u32>, max_tokens: u32) -> RequestDraft {
     )
 }
 
+/// A tier that holds the first `held` blocks of any prompt.
+pub struct FakeTier {
+    pub held: usize,
+}
+impl KvLookup for FakeTier {
+    fn lookup(&mut self, hashes: &[cachet_core::hash::BlockHash]) -> usize {
+        self.held.min(hashes.len())
+    }
+}
+
 /// Why `Core::add` refused a draft.
 #[derive(Debug, PartialEq)]
 pub enum Refused {

@@ -4,8 +4,7 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::{KvLookup, TierTag};
-use cachet_core::hash::BlockHash;
+use cachet_core::connector::TierTag;
 use cachet_core::recorder::{BlockEventKind, InsightConfig, Report};
 use cachet_core::stats::MissTokens;
 use cachet_core::{FinishReason, RequestDraft};
@@ -45,15 +44,6 @@ fn miss(c: &mut Core, d: RequestDraft) -> MissTokens {
     let s = r.prefill_stats.unwrap();
     s.check().unwrap();
     s.miss_tokens
-}
-
-struct FakeTier {
-    held: usize,
-}
-impl KvLookup for FakeTier {
-    fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
-        self.held.min(hashes.len())
-    }
 }
 
 /// Every reason at least once, each derived from the spec's lookup rules:

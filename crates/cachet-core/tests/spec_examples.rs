@@ -4,11 +4,10 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::connector::TierTag;
 
 /// A block the (fake) Redis tier supplied.
 const R: Option<TierTag> = Some(TierTag::Redis);
-use cachet_core::hash::BlockHash;
 use cachet_core::FinishReason;
 
 fn toks(start: u32, n: u32) -> Vec<u32> {
@@ -250,15 +249,6 @@ fn re_admission_lookup_goes_to_the_preempted_pair_once() {
         fields(&stats_of(&fin, "b")),
         [12, 0, 0, 0, 12, 12, 2, 3, 3, 0, 1]
     );
-}
-
-struct FakeTier {
-    held: usize,
-}
-impl KvLookup for FakeTier {
-    fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
-        self.held.min(hashes.len())
-    }
 }
 
 /// The tier holds blocks 0..3 of a 100-token prompt. Step 1: the request is admitted, 3 blocks

@@ -321,12 +321,7 @@ impl Recorder {
                 ..r.ins.miss
             },
         };
-        totals.miss_capped_for_logits += miss.capped_for_logits;
-        totals.miss_partial_block += miss.partial_block;
-        totals.miss_evicted += miss.evicted;
-        totals.miss_never_cached += miss.never_cached;
-        totals.miss_lookup_skipped += miss.lookup_skipped;
-        totals.miss_load_failed += miss.load_failed;
+        totals.add_miss(&miss);
         if let Some(t) = insight.tenant_mut(r.ins.tenant) {
             t.prompt_tokens += prompt;
             t.cached_tokens += cached;
@@ -590,29 +585,16 @@ impl Recorder {
             } => {
                 self.totals.blocks_filled += kv.filled as u64;
                 self.stored(slot, kv, hashes, tokens);
-                let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
-                    self.insight.filled(
-                        None,
-                        &Arc::from(""),
-                        pool,
-                        kv,
-                        hashes,
-                        tokens,
-                        blocks,
-                        now,
-                    );
+                let mut r = self.records.get_mut(slot as usize).and_then(|r| r.as_mut());
+                let (ins, label) = match r.as_deref_mut() {
+                    Some(r) => (Some(&mut r.ins), r.label.clone()),
+                    None => (None, Arc::from("")),
+                };
+                self.insight
+                    .filled(ins, &label, pool, kv, hashes, tokens, blocks, now);
+                let Some(r) = r else {
                     return;
                 };
-                self.insight.filled(
-                    Some(&mut r.ins),
-                    &r.label,
-                    pool,
-                    kv,
-                    hashes,
-                    tokens,
-                    blocks,
-                    now,
-                );
                 if !prefill || r.finalized {
                     return;
                 }
