@@ -7,14 +7,14 @@ MODEL := $(HOME)/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf
 BIN := target/release/cachet
 SERVE_ARGS ?=
 
-.PHONY: serve test model build test-deps rust-test amx-emu lint e2e bench peer bench-compare bench-kernel clean
+.PHONY: serve test model build test-deps rust-test amx-emu lint e2e fuzz-smoke bench peer bench-compare bench-kernel clean
 
 ## Fetch the default model if missing, build in release mode, start the server on 127.0.0.1:8000.
 serve: model build
 	$(BIN) serve $(SERVE_ARGS)
 
 ## Install what the tests need, then run every test suite.
-test: test-deps model lint rust-test amx-emu e2e
+test: test-deps model lint rust-test amx-emu e2e fuzz-smoke
 
 model:
 	@scripts/fetch-model.sh
@@ -45,6 +45,11 @@ e2e:
 	@test -x $(BIN) || $(CARGO) test --workspace --release --no-run
 	CACHET_BIN=$(CURDIR)/$(BIN) CACHET_E2E_REAL_MODEL=1 CACHET_E2E_MODEL_ARGS="--model $(MODEL)" \
 		CACHET_E2E_REQUIRE_DYNAMO=1 CACHET_E2E_REQUIRE_BROWSER=1 $(VENV)/bin/python -m pytest -q tests/e2e
+
+## Every fuzz target (cargo fuzz) for FUZZ_SECONDS (15) each from its committed seeds; installs
+## cargo-fuzz when missing and runs on stable with RUSTC_BOOTSTRAP=1 when there is no nightly.
+fuzz-smoke:
+	scripts/fuzz-smoke.sh
 
 bench:
 	$(CARGO) bench --workspace
