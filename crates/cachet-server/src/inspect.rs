@@ -5,7 +5,7 @@
 //!   finished requests, by the id the client saw (`X-Request-Id` / the response's id);
 //! - `POST /v1/cache/reset`: drop every prefix-cache entry (as `POST /reset_prefix_cache`);
 //! - `GET /v1/cache/stats/stream`: server-sent events, one `snapshot` per second (or every
-//!   `?interval_ms=`, at least 100) with the recorder's monotonic totals, the pool, the miss
+//!   `?interval_ms=`, at least 100; `?limit=N` ends the stream after N) with the recorder's monotonic totals, the pool, the miss
 //!   reasons, the 2x/4x what-if, divergences, tenants and the last requests: what the dashboard
 //!   draws. Rates are the client's to compute from successive totals.
 //!
@@ -167,6 +167,8 @@ pub fn snapshot_json(s: &CacheSnapshot, ts: f64) -> Value {
 #[derive(Debug, serde::Deserialize)]
 pub struct StreamQuery {
     pub interval_ms: Option<u64>,
+    /// End the stream after this many snapshots (scripts); none: until the client leaves.
+    pub limit: Option<u64>,
 }
 
 /// `GET /v1/cache/stats/stream`.
@@ -175,7 +177,9 @@ pub async fn stats_stream(State(state): State<AppState>, Query(q): Query<StreamQ
     let stream = async_stream::stream! {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
+        let mut sent = 0u64;
+        while q.limit.is_none_or(|l| sent < l) {
+            sent += 1;
             tick.tick().await;
             let Some(InspectReply::Snapshot(snap)) =
                 state.engine().inspect(InspectQuery::Snapshot).await

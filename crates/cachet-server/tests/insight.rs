@@ -223,7 +223,7 @@ async fn the_stats_stream_sends_snapshots() {
     .await;
     let resp = h
         .send(
-            Request::get("/v1/cache/stats/stream?interval_ms=100")
+            Request::get("/v1/cache/stats/stream?interval_ms=100&limit=2")
                 .body(Body::empty())
                 .unwrap(),
         )
@@ -239,6 +239,18 @@ async fn the_stats_stream_sends_snapshots() {
     }
     let events = parse_sse(&buf);
     assert_eq!(events[0].0.as_deref(), Some("snapshot"));
+    // `limit=2`: a second snapshot, then the stream ends.
+    let mut all = buf.clone();
+    while let Some(f) = body.frame().await {
+        if let Ok(d) = f.expect("ok").into_data() {
+            all.push_str(&String::from_utf8_lossy(&d));
+        }
+    }
+    let snapshots = parse_sse(&all)
+        .iter()
+        .filter(|(e, _)| e.as_deref() == Some("snapshot"))
+        .count();
+    assert_eq!(snapshots, 2);
     let v: Value = serde_json::from_str(&events[0].1).unwrap();
     let n = h.tokenize_prompt(&p).await as u64;
     assert_eq!(v["counters"]["prompt_tokens"], 2 * n);
