@@ -96,8 +96,9 @@ def procs():
         p.stop()
 
 
-# 100 tokens: 6 full blocks (96 tokens) are cached after one request.
-LONG = list(range(1000, 1100))
+# 100 tokens: 6 full blocks (96 tokens) are cached after one request (ids inside the simulated
+# model's 259-token vocabulary).
+LONG = list(range(3, 103))
 
 
 def test_the_indexer_names_the_instance_that_holds_a_prompt(procs):
@@ -126,7 +127,7 @@ def test_the_indexer_names_the_instance_that_holds_a_prompt(procs):
 
     # A's pool is 16 blocks: a 200-token prompt (13 blocks, 12 full) evicts LONG's blocks from
     # the tail (freed tail-first), keeping its first 3 blocks (16 - 13 = 3 remain).
-    other = list(range(5000, 5200))
+    other = [103 + (i % 150) for i in range(200)]
     a.complete(other)
     eventually(lambda: gpu(ix, LONG), {1: 48, 2: 96})
     eventually(lambda: gpu(ix, other), {1: 192})
@@ -143,5 +144,5 @@ def test_the_indexer_names_the_instance_that_holds_a_prompt(procs):
     register(ix2, 1, a)
     register(ix2, 2, b)
     a.complete(LONG)  # a new batch on A (stores LONG again); the index replays from 0
-    b.complete(list(range(7000, 7040)))  # a new batch on B, so it replays too
+    b.complete(list(range(210, 250)))  # a new batch on B, so it replays too
     eventually(lambda: gpu(ix2, LONG), {1: 96, 2: 96})
