@@ -17,11 +17,13 @@ const NONE: u32 = u32::MAX;
 #[derive(Clone, Debug)]
 struct Meta {
     cached: bool,
-    hash: BlockHash,
+    /// The entry's hash as KV events carry it (64 bits of a cryptographic hash).
+    hash: u64,
     depth: u32,
-    hits: u64,
+    hits: u32,
     created: f64,
-    last_hit: Option<f64>,
+    /// NaN: never found.
+    last_hit: f64,
     /// Parent block id; `NONE` for a root block (depth 0) or an orphan (its parent's entry is
     /// gone).
     parent: u32,
@@ -40,11 +42,11 @@ impl Default for Meta {
     fn default() -> Self {
         Meta {
             cached: false,
-            hash: BlockHash([0; 32]),
+            hash: 0,
             depth: 0,
             hits: 0,
             created: 0.0,
-            last_hit: None,
+            last_hit: f64::NAN,
             parent: NONE,
             linked: false,
             first_child: NONE,
@@ -107,7 +109,8 @@ impl BlockIndex {
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
-        self.m(block).is_some_and(|m| m.cached && m.hash == *hash)
+        self.m(block)
+            .is_some_and(|m| m.cached && m.hash == wire_hash(hash))
     }
 
     /// The request that created the entry `block` holds.
@@ -195,11 +198,11 @@ impl BlockIndex {
         let orphan = depth > 0 && parent == NONE;
         self.meta[i] = Meta {
             cached: true,
-            hash,
+            hash: wire_hash(&hash),
             depth,
             hits: 0,
             created: now,
-            last_hit: None,
+            last_hit: f64::NAN,
             parent,
             linked: false,
             first_child: NONE,
@@ -222,8 +225,8 @@ impl BlockIndex {
         if !m.cached {
             return;
         }
-        m.hits += 1;
-        m.last_hit = Some(now);
+        m.hits = m.hits.saturating_add(1);
+        m.last_hit = now;
         if m.linked {
             self.unlink(block);
             self.link_front(block);
@@ -316,7 +319,7 @@ impl BlockIndex {
                 c = cm.next;
             }
             if !extended {
-                out.push((m.hits, m.depth, i as u32));
+                out.push((u64::from(m.hits), m.depth, i as u32));
             }
         }
         out.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
@@ -329,9 +332,9 @@ impl BlockIndex {
                     tokens: (depth as u64 + 1) * self.b as u64,
                     hits,
                     age_s: (now - m.created).max(0.0),
-                    last_hit_s: m.last_hit.map(|t| (now - t).max(0.0)),
+                    last_hit_s: (!m.last_hit.is_nan()).then(|| (now - m.last_hit).max(0.0)),
                     created_by: m.creator.clone(),
-                    hash: wire_hash(&m.hash),
+                    hash: m.hash,
                 }
             })
             .collect()

@@ -218,8 +218,11 @@ impl Shadow {
                 break;
             };
             if let Some(k) = e.key {
-                if self.seq_of.get(&k) == Some(&self.base) {
-                    self.seq_of.remove(&k);
+                // One probe: remove only if this entry is still the key's latest.
+                if let std::collections::hash_map::Entry::Occupied(o) = self.seq_of.entry(k) {
+                    if *o.get() == self.base {
+                        o.remove();
+                    }
                 }
             }
             self.base += 1;
