@@ -489,7 +489,11 @@ impl TierClient {
     /// `save_dedup_skips`. `false` for a tier that is not configured.
     pub fn skip_save(&self, hash: &BlockHash, target: SaveTarget) -> bool {
         let skip = match target {
-            SaveTarget::Host => self.inner.host.as_ref().is_some_and(|h| lock(h).touch(hash)),
+            SaveTarget::Host => self
+                .inner
+                .host
+                .as_ref()
+                .is_some_and(|h| lock(h).touch(hash)),
             SaveTarget::Redis => self
                 .inner
                 .redis
