@@ -48,8 +48,9 @@ e2e:
 
 ## Every fuzz target (cargo fuzz) for FUZZ_SECONDS (15) each from its committed seeds; installs
 ## cargo-fuzz when missing and runs on stable with RUSTC_BOOTSTRAP=1 when there is no nightly.
+## An unoptimised build (FUZZ_BUILD=dev): a cold release build of the fuzz crates takes ~15 min CPU.
 fuzz-smoke:
-	scripts/fuzz-smoke.sh
+	FUZZ_BUILD=dev scripts/fuzz-smoke.sh
 
 bench:
 	$(CARGO) bench --workspace
