@@ -85,7 +85,7 @@ fn qwen_style_tools_and_tool_calls() {
         s,
         concat!(
             "<|im_start|>system\nBe brief.\n\n# Tools\n\n<tools>\n",
-            r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"properties": {"city": {"type": "string"}}, "required": ["city"], "type": "object"}}}"#,
+            r#"{"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}"#,
             "\n</tools><|im_end|>\n",
             "<|im_start|>user\nWeather in Paris?<|im_end|>\n",
             "<|im_start|>assistant\n<tool_call>\n",
@@ -127,6 +127,7 @@ fn llama_style_reads_tool_calls_by_key_and_the_date() {
         "name": "get_weather",
         "description": "Weather",
         "parameters": {
+            "type": "object",
             "properties": {
                 "city": {
                     "type": "string"
@@ -134,8 +135,7 @@ fn llama_style_reads_tool_calls_by_key_and_the_date() {
             },
             "required": [
                 "city"
-            ],
-            "type": "object"
+            ]
         }
     }
 }"#;
