@@ -591,6 +591,7 @@ impl Core {
                         kv_layout: exec.kv_layout(),
                         block_size: BLOCK as u32,
                     },
+                    spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
                     host: host.then_some(cachet_tiers::HostConfig {
                         capacity_bytes: 4 << 30,
                     }),

@@ -285,7 +285,7 @@ impl<E: Executor> EngineCore<E> {
             if !tier.wants_save(&ev.hash, SaveReason::Evicted) {
                 continue;
             }
-            let mut buf = Vec::with_capacity(self.executor.block_bytes());
+            let mut buf = tier.take_buffer(self.executor.block_bytes());
             if self.executor.save_block(ev.block, &mut buf).is_ok() {
                 tier.save(ev.hash, Payload::from(buf), SaveReason::Evicted);
             }
@@ -301,7 +301,7 @@ impl<E: Executor> EngineCore<E> {
             if !tier.wants_save(&hash, SaveReason::Filled) {
                 continue;
             }
-            let mut buf = Vec::with_capacity(self.executor.block_bytes());
+            let mut buf = tier.take_buffer(self.executor.block_bytes());
             if self.executor.save_block(block, &mut buf).is_ok() {
                 tier.save(hash, Payload::from(buf), SaveReason::Filled);
             }

@@ -147,6 +147,7 @@ fn main() {
 
     let host = TierClient::open(TierConfig {
         namespace: ns(),
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {
             capacity_bytes: 64 << 20,
         }),
@@ -155,6 +156,7 @@ fn main() {
     .expect("host tier");
     let plain = TierClient::open(TierConfig {
         namespace: ns(),
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
         redis: Some(redis_cfg(port, None)),
     })
@@ -163,6 +165,7 @@ fn main() {
     signed_cfg.key_prefix = "bench-signed".into();
     let signed = TierClient::open(TierConfig {
         namespace: ns(),
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
         redis: Some(signed_cfg),
     })

@@ -1,21 +1,26 @@
-//! [`TierClient`]: the engine's handle on its tiers.
+//! [`TierClient`]: the engine's handle on its tiers — the stacked lookup and load (host first,
+//! then Redis for the rest), saves, and the warm payload buffers. The Redis side lives in
+//! [`redis_side`] (connection, health, `EXISTS` / `MGET`, the prober) and [`save_queue`] (the
+//! write-behind writer and the byte budget).
 
-use std::collections::VecDeque;
+mod redis_side;
+mod save_queue;
+
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use cachet_core::BlockHash;
-use tokio::sync::mpsc;
 
-use crate::config::{RedisConfig, TierConfig};
-use crate::format::{decode_value, encode_value, value_overhead, LoadError, TierNamespace};
-use crate::health::{Health, RateLog};
+use crate::buffers::BufferPool;
+use crate::config::TierConfig;
+use crate::format::{LoadError, TierNamespace};
+use crate::health::RateLog;
 use crate::host::{HostInsert, HostLru};
-use crate::redis_conn::{self, is_outage, Conn};
 use crate::stats::{Counters, TierStats};
 use crate::{Payload, TierError};
+use redis_side::{open_redis, redis_load, RedisSide};
+use save_queue::SaveItem;
 
 /// Which tier supplied a block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,6 +72,12 @@ struct Inner {
     redis: Option<RedisSide>,
 }
 
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.buffers.stop();
+    }
+}
+
 /// What the caller's thread and the runtime's tasks both reach.
 struct Shared {
     ns: TierNamespace,
@@ -74,41 +85,9 @@ struct Shared {
     done: Mutex<Vec<LoadDone>>,
     notify: OnceLock<Box<dyn Fn() + Send + Sync>>,
     log: RateLog,
-}
-
-struct RedisSide {
-    rt: Option<tokio::runtime::Runtime>,
-    handle: tokio::runtime::Handle,
-    r: Arc<RedisShared>,
-    save_tx: mpsc::Sender<SaveItem>,
-}
-
-impl Drop for RedisSide {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            // Never blocks, so dropping the last client is fine on any thread, async or not.
-            rt.shutdown_background();
-        }
-    }
-}
-
-struct RedisShared {
-    cfg: RedisConfig,
-    conn: RwLock<Option<Conn>>,
-    health: Health,
-    shared: Arc<Shared>,
-    /// Blocks this client recently loaded from or stored in Redis, with when: a save of one of
-    /// them is skipped (the engine saves every new cache entry, loaded ones included, and
-    /// re-sending 368 KB that Redis already holds is pure waste).
-    present: Mutex<lru::LruCache<BlockHash, Instant>>,
-}
-
-/// How many recently present blocks [`RedisShared::present`] remembers (about 3 MB).
-const PRESENT_CAPACITY: usize = 1 << 16;
-
-struct SaveItem {
-    hash: BlockHash,
-    payload: Payload,
+    /// Warm buffers for the engine's saves: recycled from the host LRU's evictions and the
+    /// Redis writer's encoded saves, topped up by a background thread.
+    buffers: Arc<BufferPool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -127,103 +106,6 @@ impl Shared {
     }
 }
 
-impl RedisShared {
-    fn conn(&self) -> Option<Conn> {
-        match self.conn.read() {
-            Ok(g) => g.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-
-    fn set_conn(&self, c: Option<Conn>) {
-        match self.conn.write() {
-            Ok(mut g) => *g = c,
-            Err(p) => *p.into_inner() = c,
-        }
-    }
-
-    /// Records a failed call: an outage (or timeout) takes the tier down, logged once.
-    fn call_failed(&self, e: CallError) {
-        match e {
-            CallError::Timeout => self.went_down("a call ran past the timeout"),
-            CallError::Redis(e) if is_outage(&e) => self.went_down(&e.to_string()),
-            CallError::Redis(e) => {
-                self.shared.log.warn("Redis error reply", &e);
-            }
-            CallError::Down => {}
-        }
-    }
-
-    fn went_down(&self, why: &str) {
-        if self.health.mark_down(why) {
-            self.shared.stats.redis_outages.fetch_add(1, Relaxed);
-        }
-        // A restarted server or a failed-over master may have lost what we remember.
-        lock(&self.present).clear();
-    }
-
-    /// A stored block is trusted to still be there for half its TTL (ten minutes without one).
-    fn fresh_for(&self) -> Duration {
-        self.cfg.ttl.map_or(Duration::from_secs(600), |t| t / 2)
-    }
-
-    fn mark_present(&self, hashes: impl IntoIterator<Item = BlockHash>) {
-        let now = Instant::now();
-        let mut p = lock(&self.present);
-        for h in hashes {
-            p.put(h, now);
-        }
-    }
-
-    fn recently_present(&self, hash: &BlockHash) -> bool {
-        let fresh = self.fresh_for();
-        lock(&self.present)
-            .peek(hash)
-            .is_some_and(|at| at.elapsed() < fresh)
-    }
-
-    fn key(&self, hash: &BlockHash) -> Vec<u8> {
-        self.shared.ns.redis_key(&self.cfg.key_prefix, hash)
-    }
-
-    /// Runs `f` on the current connection, bounded by the timeout.
-    async fn call<T, F, Fut>(&self, f: F) -> Result<T, CallError>
-    where
-        F: FnOnce(Conn) -> Fut,
-        Fut: std::future::Future<Output = redis::RedisResult<T>>,
-    {
-        if !self.health.is_up() {
-            return Err(CallError::Down);
-        }
-        let Some(conn) = self.conn() else {
-            return Err(CallError::Down);
-        };
-        match tokio::time::timeout(self.cfg.timeout, f(conn)).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(CallError::Redis(e)),
-            Err(_) => Err(CallError::Timeout),
-        }
-    }
-}
-
-enum CallError {
-    /// Known down; no call made.
-    Down,
-    Timeout,
-    Redis(redis::RedisError),
-}
-
-impl CallError {
-    fn load_error(&self) -> LoadError {
-        match self {
-            CallError::Down => LoadError::Unavailable,
-            CallError::Timeout => LoadError::Timeout,
-            CallError::Redis(e) if is_outage(e) => LoadError::Unavailable,
-            CallError::Redis(_) => LoadError::Failed,
-        }
-    }
-}
-
 /// The scheduler's view: how many leading blocks the tiers hold.
 impl cachet_core::connector::KvLookup for TierClient {
     fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
@@ -236,6 +118,12 @@ impl TierClient {
     /// with it down (lookups answer without it) and connects when it appears. Errors are
     /// configuration errors and a failure to start the runtime thread.
     pub fn open(cfg: TierConfig) -> Result<Self, TierError> {
+        Self::open_with(cfg, true)
+    }
+
+    /// [`TierClient::open`]; `prefault: false` leaves the buffer pool without its background
+    /// filler (only recycled buffers are warm), for tests that count buffers exactly.
+    pub(crate) fn open_with(cfg: TierConfig, prefault: bool) -> Result<Self, TierError> {
         cfg.validate()?;
         let shared = Arc::new(Shared {
             ns: cfg.namespace.clone(),
@@ -243,7 +131,11 @@ impl TierClient {
             done: Mutex::new(Vec::new()),
             notify: OnceLock::new(),
             log: RateLog::new(Duration::from_secs(60)),
+            buffers: Arc::new(BufferPool::new(cfg.spare_bytes)),
         });
+        if prefault {
+            shared.buffers.start_filler().map_err(TierError::Runtime)?;
+        }
         let host = cfg
             .host
             .as_ref()
@@ -310,7 +202,7 @@ impl TierClient {
         let mut in_redis = vec![false; hashes.len()];
         if let Some(r) = &self.inner.redis {
             if in_host.iter().any(|b| !b) {
-                self.redis_lookup(r, hashes, &in_host, &mut in_redis);
+                r.lookup(hashes, &in_host, &mut in_redis);
             }
         }
         let mut run = Vec::new();
@@ -342,50 +234,6 @@ impl TierClient {
         run
     }
 
-    fn redis_lookup(
-        &self,
-        r: &RedisSide,
-        hashes: &[BlockHash],
-        in_host: &[bool],
-        in_redis: &mut [bool],
-    ) {
-        let stats = &self.inner.shared.stats;
-        if !r.r.health.is_up() {
-            stats.lookup_skips.fetch_add(1, Relaxed);
-            return;
-        }
-        stats.redis.lookups.fetch_add(1, Relaxed);
-        let idx: Vec<usize> = (0..hashes.len()).filter(|i| !in_host[*i]).collect();
-        let keys: Vec<Vec<u8>> = idx.iter().map(|i| r.r.key(&hashes[*i])).collect();
-        let rs = r.r.clone();
-        let (tx, rx) = std::sync::mpsc::sync_channel(1);
-        r.handle.spawn(async move {
-            let res = rs.call(|mut c| async move { c.exists(&keys).await }).await;
-            let _ = tx.send(res);
-        });
-        // The task bounds itself by the timeout; the margin covers a busy runtime.
-        let res = rx
-            .recv_timeout(r.r.cfg.timeout + Duration::from_millis(50))
-            .unwrap_or(Err(CallError::Timeout));
-        match res {
-            Ok(found) => {
-                for (i, f) in idx.into_iter().zip(found) {
-                    in_redis[i] = f;
-                }
-            }
-            Err(e) => {
-                if !matches!(e, CallError::Down) {
-                    stats.lookup_failures.fetch_add(1, Relaxed);
-                }
-                if matches!(e, CallError::Timeout) {
-                    stats.lookup_timeouts.fetch_add(1, Relaxed);
-                }
-                r.r.call_failed(e);
-            }
-        }
-    }
-
-    /// Starts loading `hashes`; never blocks. Blocks the host tier holds are taken at once
     /// (they cannot be evicted from under the load afterwards); the rest come from Redis in
     /// one `MGET`. The ticket's [`LoadDone`] is returned by a later [`TierClient::poll`].
     pub fn start_load(&self, ticket: u64, hashes: Vec<BlockHash>) {
@@ -448,7 +296,10 @@ impl TierClient {
                 };
                 let t0 = Instant::now();
                 let len = payload.len() as u64;
-                let out = lock(h).insert(hash, payload);
+                let mut dropped = Vec::new();
+                let out = lock(h).insert_reclaim(hash, payload, &mut dropped);
+                // Outside the LRU's lock: evicted payloads' buffers serve the next saves.
+                self.inner.shared.buffers.give_all(dropped);
                 match out {
                     HostInsert::Stored { .. } => {
                         stats.host.save_call(t0.elapsed(), 1, len);
@@ -510,6 +361,13 @@ impl TierClient {
         skip
     }
 
+    /// An empty buffer for one block's payload (capacity `len`), to copy a block into before
+    /// [`TierClient::save`]: a warm one (recycled or pre-touched) when the pool has one, so the
+    /// copy does not page-fault on the caller's thread; otherwise a fresh allocation.
+    pub fn take_buffer(&self, len: usize) -> Vec<u8> {
+        self.inner.shared.buffers.take(len)
+    }
+
     /// Waits until every save accepted so far has been stored or given up on, or `timeout`
     /// passed; returns whether the queue drained. For shutdown and tests; never needed on the
     /// engine's step path.
@@ -530,6 +388,7 @@ impl TierClient {
     /// Monotonic totals and current gauges.
     pub fn stats(&self) -> TierStats {
         let mut s = self.inner.shared.stats.snapshot();
+        s.buffers = self.inner.shared.buffers.stats();
         if let Some(h) = &self.inner.host {
             let h = lock(h);
             s.host_resident_bytes = h.bytes();
@@ -563,300 +422,6 @@ fn finish_load(
     shared.finish(LoadDone { ticket, results });
 }
 
-async fn redis_load(
-    rs: Arc<RedisShared>,
-    ticket: u64,
-    hashes: Vec<BlockHash>,
-    rest: Vec<usize>,
-    mut results: Vec<Option<Result<(Payload, TierKind), LoadError>>>,
-) {
-    let shared = rs.shared.clone();
-    let t0 = Instant::now();
-    let keys: Vec<Vec<u8>> = rest.iter().map(|i| rs.key(&hashes[*i])).collect();
-    let got = rs.call(|mut c| async move { c.mget(&keys).await }).await;
-    let values = match got {
-        Ok(v) => v,
-        Err(e) => {
-            let err = e.load_error();
-            rs.call_failed(e);
-            finish_load(&shared, ticket, results, err);
-            return;
-        }
-    };
-    let secret = rs.cfg.secret.as_ref();
-    let (mut n, mut bytes) = (0u64, 0u64);
-    let mut loaded = Vec::new();
-    for (i, v) in rest.into_iter().zip(values) {
-        let r = match v {
-            None => {
-                lock(&rs.present).pop(&hashes[i]);
-                Err(LoadError::Missing)
-            }
-            Some(v) => decode_value(&shared.ns, &hashes[i], Bytes::from(v), secret),
-        };
-        let r = match r {
-            Ok(p) => {
-                n += 1;
-                bytes += p.len() as u64;
-                loaded.push(hashes[i]);
-                Ok((p, TierKind::Redis))
-            }
-            Err(e) => {
-                shared.stats.load_failure(&e);
-                if e != LoadError::Missing {
-                    let key = String::from_utf8_lossy(&rs.key(&hashes[i])).into_owned();
-                    shared
-                        .log
-                        .warn(refusal_kind(&e), &format_args!("{e} (key {key})"));
-                }
-                Err(e)
-            }
-        };
-        results[i] = Some(r);
-    }
-    let s = &shared.stats.redis;
-    s.blocks_loaded.fetch_add(n, Relaxed);
-    s.bytes_loaded.fetch_add(bytes, Relaxed);
-    s.load_call(t0.elapsed(), bytes);
-    rs.mark_present(loaded);
-    finish_load(&shared, ticket, results, LoadError::Missing);
-}
-
-fn refusal_kind(e: &LoadError) -> &'static str {
-    match e {
-        LoadError::BadSignature => "value refused (signature)",
-        LoadError::ForeignLayout => "value refused (foreign layout)",
-        LoadError::UnsupportedVersion(_) => "value refused (format version)",
-        _ => "value refused (integrity)",
-    }
-}
-
-fn open_redis(cfg: RedisConfig, shared: Arc<Shared>) -> Result<RedisSide, TierError> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("cachet-tiers")
-        .enable_all()
-        .build()
-        .map_err(TierError::Runtime)?;
-    let handle = rt.handle().clone();
-    let (save_tx, save_rx) = mpsc::channel(cfg.save_queue);
-    let r = Arc::new(RedisShared {
-        health: Health::new(cfg.target.display()),
-        conn: RwLock::new(None),
-        cfg,
-        shared,
-        present: Mutex::new(lru::LruCache::new(
-            std::num::NonZeroUsize::new(PRESENT_CAPACITY).unwrap_or(std::num::NonZeroUsize::MIN),
-        )),
-    });
-
-    // The first connection, bounded by the timeout, so that the first requests see Redis.
-    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    let r0 = r.clone();
-    handle.spawn(async move {
-        let res = tokio::time::timeout(
-            r0.cfg.timeout,
-            redis_conn::connect(
-                &r0.cfg.target,
-                r0.cfg.timeout,
-                r0.cfg.ca_cert_pem.as_deref(),
-            ),
-        )
-        .await;
-        let _ = tx.send(res);
-    });
-    match rx.recv_timeout(r.cfg.timeout + Duration::from_millis(100)) {
-        Ok(Ok(Ok(conn))) => {
-            r.set_conn(Some(conn));
-            r.health.mark_up();
-        }
-        Ok(Ok(Err(e))) => r.health.log_unreachable_at_start(&e.to_string()),
-        _ => r.health.log_unreachable_at_start("connection timed out"),
-    }
-
-    handle.spawn(prober(r.clone()));
-    handle.spawn(writer(r.clone(), save_rx));
-    Ok(RedisSide {
-        rt: Some(rt),
-        handle,
-        r,
-        save_tx,
-    })
-}
-
-/// While Redis is down, reconnects every `probe_interval`; a fresh connection that answers a
-/// `PING` (every node, for a cluster) replaces the old one and brings the tier up.
-async fn prober(r: Arc<RedisShared>) {
-    loop {
-        tokio::time::sleep(r.cfg.probe_interval).await;
-        if r.health.is_up() {
-            continue;
-        }
-        let res = tokio::time::timeout(
-            r.cfg.timeout,
-            redis_conn::connect(&r.cfg.target, r.cfg.timeout, r.cfg.ca_cert_pem.as_deref()),
-        )
-        .await;
-        if let Ok(Ok(conn)) = res {
-            r.set_conn(Some(conn));
-            r.health.mark_up();
-        }
-    }
-}
-
-const SAVE_BATCH_BLOCKS: usize = 64;
-const SAVE_BATCH_BYTES: usize = 8 << 20;
-
-/// The write-behind writer: drains the queue in batches of up to 64 blocks / 8 MiB (small
-/// enough to fit the call timeout on a slow link), each written in one pipelined round trip.
-async fn writer(r: Arc<RedisShared>, mut rx: mpsc::Receiver<SaveItem>) {
-    let mut budget = r.cfg.budget_bytes.map(|b| Budget::new(b, r.cfg.ttl));
-    while let Some(first) = rx.recv().await {
-        let mut bytes = first.payload.len();
-        let mut batch = vec![first];
-        while batch.len() < SAVE_BATCH_BLOCKS && bytes < SAVE_BATCH_BYTES {
-            match rx.try_recv() {
-                Ok(it) => {
-                    bytes += it.payload.len();
-                    batch.push(it);
-                }
-                Err(_) => break,
-            }
-        }
-        write_batch(&r, batch, budget.as_mut()).await;
-    }
-}
-
-async fn write_batch(r: &RedisShared, batch: Vec<SaveItem>, mut budget: Option<&mut Budget>) {
-    let stats = &r.shared.stats;
-    let n = batch.len() as u64;
-    if !r.health.is_up() {
-        stats.save_failures.fetch_add(n, Relaxed);
-        stats.saves_settled.fetch_add(n, Relaxed);
-        return;
-    }
-    let t0 = Instant::now();
-    let secret = r.cfg.secret.as_ref();
-    let overhead = value_overhead(&r.shared.ns, secret.is_some()) as u64;
-    let now = Instant::now();
-    let mut items = Vec::with_capacity(batch.len());
-    let mut payload_lens = Vec::with_capacity(batch.len());
-    let mut written = Vec::with_capacity(batch.len());
-    let mut pending = 0u64;
-    for it in &batch {
-        let vlen = it.payload.len() as u64 + overhead;
-        if let Some(b) = budget.as_deref_mut() {
-            if !b.fits(now, pending + vlen) {
-                stats.save_budget_drops.fetch_add(1, Relaxed);
-                stats.saves_settled.fetch_add(1, Relaxed);
-                continue;
-            }
-        }
-        pending += vlen;
-        items.push((
-            r.key(&it.hash),
-            encode_value(&r.shared.ns, &it.hash, &it.payload, secret),
-        ));
-        payload_lens.push(it.payload.len() as u64);
-        written.push(it.hash);
-    }
-    if items.is_empty() {
-        return;
-    }
-    let ttl = r.cfg.ttl;
-    let m = items.len() as u64;
-    let res = r
-        .call(|mut c| async move { c.set_many(&items, ttl).await })
-        .await;
-    match res {
-        Ok(stored) => {
-            let (mut ok, mut ok_payload, mut ok_value) = (0u64, 0u64, 0u64);
-            let mut present = Vec::with_capacity(written.len());
-            for ((s, len), h) in stored.iter().zip(&payload_lens).zip(&written) {
-                if *s {
-                    ok += 1;
-                    ok_payload += len;
-                    ok_value += len + overhead;
-                    present.push(*h);
-                }
-            }
-            r.mark_present(present);
-            if let Some(b) = budget {
-                b.charge(now, ok_value);
-            }
-            let s = &stats.redis;
-            s.save_call(t0.elapsed(), ok, ok_payload);
-            if ok < m {
-                stats.save_failures.fetch_add(m - ok, Relaxed);
-                r.shared.log.warn(
-                    "save refused by Redis",
-                    &format_args!("{} of {m} blocks", m - ok),
-                );
-            }
-        }
-        Err(e) => {
-            stats.save_failures.fetch_add(m, Relaxed);
-            r.call_failed(e);
-        }
-    }
-    stats.saves_settled.fetch_add(m, Relaxed);
-}
-
-/// The per-instance Redis byte budget: value bytes written within the last TTL, at one-second
-/// granularity (a second's writes are released one second late, so the bound holds).
-struct Budget {
-    limit: u64,
-    ttl: Duration,
-    origin: Instant,
-    /// (second since origin, bytes written in it), oldest first.
-    window: VecDeque<(u64, u64)>,
-    total: u64,
-}
-
-impl Budget {
-    fn new(limit: u64, ttl: Option<Duration>) -> Self {
-        Budget {
-            limit,
-            // validate() guarantees a TTL with a budget.
-            ttl: ttl.unwrap_or(Duration::from_secs(3600)),
-            origin: Instant::now(),
-            window: VecDeque::new(),
-            total: 0,
-        }
-    }
-
-    fn expire(&mut self, now: Instant) {
-        let now_s = now.duration_since(self.origin).as_secs();
-        let ttl_s = self.ttl.as_secs().max(1);
-        while let Some(&(s, b)) = self.window.front() {
-            // Written during second s, so expired by s + 1 + ttl.
-            if s + 1 + ttl_s <= now_s {
-                self.total -= b;
-                self.window.pop_front();
-            } else {
-                break;
-            }
-        }
-    }
-
-    fn fits(&mut self, now: Instant, extra: u64) -> bool {
-        self.expire(now);
-        self.total + extra <= self.limit
-    }
-
-    fn charge(&mut self, now: Instant, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let s = now.duration_since(self.origin).as_secs();
-        match self.window.back_mut() {
-            Some((last, b)) if *last == s => *b += bytes,
-            _ => self.window.push_back((s, bytes)),
-        }
-        self.total += bytes;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -877,6 +442,7 @@ mod tests {
     fn host_client(cap: u64) -> TierClient {
         TierClient::open(TierConfig {
             namespace: ns(),
+            spare_bytes: crate::DEFAULT_SPARE_BYTES,
             host: Some(HostConfig {
                 capacity_bytes: cap,
             }),
@@ -933,6 +499,50 @@ mod tests {
     }
 
     #[test]
+    fn evicted_host_payloads_become_the_next_saves_buffers() {
+        let c = TierClient::open_with(
+            TierConfig {
+                namespace: ns(),
+                host: Some(HostConfig {
+                    capacity_bytes: 2000,
+                }),
+                redis: None,
+                spare_bytes: 2000,
+            },
+            false,
+        )
+        .unwrap();
+        let save = |i: u8| {
+            let mut b = c.take_buffer(1000);
+            assert_eq!((b.len(), b.capacity()), (0, 1000));
+            b.resize(1000, i);
+            let at = b.as_ptr();
+            assert!(c.save(h(i), Payload::from(b), SaveTarget::Host));
+            at
+        };
+        let first = save(1);
+        save(2);
+        // 3 evicts 1 (least recently used), the only holder of its bytes: recycled.
+        save(3);
+        let s = c.stats().buffers;
+        assert_eq!((s.fresh, s.warm, s.recycled), (3, 0, 1));
+        // 4 is copied into block 1's old buffer, and evicts 2 (recycled).
+        assert_eq!(save(4), first, "block 1's buffer again");
+        // Order now 3, 4. A load of 3 makes it most recent and holds a clone of its bytes.
+        c.start_load(7, vec![h(3)]);
+        let held = c.poll().pop().unwrap().results.pop().unwrap().unwrap().0;
+        // 5 (in 2's old buffer) evicts 4: recycled. 6 (in 4's) evicts 3, which the load still
+        // holds: dropped, not recycled (and not copied either).
+        save(5);
+        save(6);
+        let s = c.stats().buffers;
+        assert_eq!((s.fresh, s.warm, s.recycled, s.pretouched), (3, 3, 3, 0));
+        assert_eq!(c.inner.shared.buffers.free_buffers(), 0);
+        assert_eq!(c.stats().host_evictions, 4);
+        assert_eq!(held[0], 3);
+    }
+
+    #[test]
     fn load_notify_fires_per_finished_load() {
         let c = host_client(1000);
         let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -949,19 +559,5 @@ mod tests {
             vec![1, 2]
         );
         assert!(done[1].results.is_empty());
-    }
-
-    #[test]
-    fn budget_window_releases_bytes_one_ttl_after_their_second() {
-        let mut b = Budget::new(1000, Some(Duration::from_secs(2)));
-        let t = b.origin;
-        assert!(b.fits(t, 600));
-        b.charge(t, 600);
-        assert!(b.fits(t, 400));
-        assert!(!b.fits(t, 401));
-        // Written in second 0: still held at 2.999 s, released at 3 s (0 + 1 + ttl).
-        assert!(!b.fits(t + Duration::from_millis(2999), 401));
-        assert!(b.fits(t + Duration::from_secs(3), 1000));
-        assert_eq!(b.total, 0);
     }
 }

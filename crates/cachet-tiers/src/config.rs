@@ -180,7 +180,14 @@ pub struct TierConfig {
     pub namespace: TierNamespace,
     pub host: Option<HostConfig>,
     pub redis: Option<RedisConfig>,
+    /// Bound on the warm payload buffers kept for the engine's saves (`--kv-tier-spare-bytes`;
+    /// [`crate::buffers`]): memory on top of the host capacity. 0: none kept.
+    pub spare_bytes: u64,
 }
+
+/// The default of `--kv-tier-spare-bytes`: 64 MiB (182 blocks of the default model, more
+/// than a 2,000-token prompt's 126).
+pub const DEFAULT_SPARE_BYTES: u64 = 64 << 20;
 
 impl TierConfig {
     pub(crate) fn validate(&self) -> Result<(), TierError> {
@@ -269,6 +276,13 @@ pub struct TierArgs {
     #[arg(long, value_name = "BLOCKS", default_value_t = 256)]
     pub kv_tier_save_queue: usize,
 
+    /// Warm block buffers kept for saves (recycled from the host tier's evictions and from
+    /// values written to Redis, topped up by a low-priority thread), so that copying a block
+    /// out of the pool does not page-fault on the engine thread; memory on top of
+    /// `--kv-tier-host-bytes` (0 = none).
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_bytes)]
+    pub kv_tier_spare_bytes: u64,
+
     /// PEM file of the CA that signed the Redis servers' certificates (`rediss://`), when it is
     /// not in the system's trust store.
     #[arg(long, value_name = "PATH")]
@@ -319,6 +333,7 @@ impl TierArgs {
             namespace,
             host,
             redis,
+            spare_bytes: self.kv_tier_spare_bytes,
         };
         cfg.validate()?;
         Ok(Some(cfg))

@@ -101,6 +101,10 @@ impl KvTier for EngineTier {
         !self.client.skip_save(hash, target(reason))
     }
 
+    fn take_buffer(&mut self, len: usize) -> Vec<u8> {
+        self.client.take_buffer(len)
+    }
+
     fn saves_on(&self) -> SaveOn {
         SaveOn {
             evicted: self.client.has(TierKind::Host),
@@ -127,6 +131,7 @@ mod tests {
                     kv_layout: "sim:u64".into(),
                     block_size: 16,
                 },
+                spare_bytes: crate::DEFAULT_SPARE_BYTES,
                 host: Some(HostConfig {
                     capacity_bytes: 1 << 20,
                 }),

@@ -42,12 +42,24 @@ impl HostLru {
     /// Stores `payload` as the most recently used block (replacing an older copy of `hash`),
     /// then evicts least recently used blocks until the bytes fit.
     pub fn insert(&mut self, hash: BlockHash, payload: Payload) -> HostInsert {
+        self.insert_reclaim(hash, payload, &mut Vec::new())
+    }
+
+    /// [`HostLru::insert`], handing the payloads it dropped (the replaced copy, the evicted
+    /// blocks) to `dropped` instead of freeing them, so their buffers can be reused.
+    pub fn insert_reclaim(
+        &mut self,
+        hash: BlockHash,
+        payload: Payload,
+        dropped: &mut Vec<Payload>,
+    ) -> HostInsert {
         let len = payload.len() as u64;
         if len > self.capacity {
             return HostInsert::TooLarge;
         }
         if let Some(old) = self.map.put(hash, payload) {
             self.bytes -= old.len() as u64;
+            dropped.push(old);
         }
         self.bytes += len;
         let mut evicted = 0;
@@ -56,6 +68,7 @@ impl HostLru {
                 Some((_, p)) => {
                     self.bytes -= p.len() as u64;
                     evicted += 1;
+                    dropped.push(p);
                 }
                 None => break,
             }
@@ -166,6 +179,32 @@ mod tests {
         assert_eq!(c.bytes(), 900);
         assert_eq!(c.lru_order(), vec![h(2), h(1)]);
         assert_eq!(c.get(&h(1)).unwrap().len(), 500);
+    }
+
+    #[test]
+    fn an_insert_hands_back_what_it_dropped() {
+        let mut c = HostLru::new(1000);
+        let mut dropped = Vec::new();
+        c.insert_reclaim(h(1), p(400, 1), &mut dropped);
+        c.insert_reclaim(h(2), p(400, 2), &mut dropped);
+        assert!(dropped.is_empty());
+        // Replacing 2 hands back its old copy; 400 + 500 = 900 fits.
+        c.insert_reclaim(h(2), p(500, 3), &mut dropped);
+        assert_eq!(
+            dropped.iter().map(|d| (d.len(), d[0])).collect::<Vec<_>>(),
+            vec![(400, 2)]
+        );
+        // 900 + 300 = 1200: block 1 (the least recently used) is evicted and handed back.
+        dropped.clear();
+        assert_eq!(
+            c.insert_reclaim(h(4), p(300, 4), &mut dropped),
+            HostInsert::Stored { evicted: 1 }
+        );
+        assert_eq!(
+            dropped.iter().map(|d| (d.len(), d[0])).collect::<Vec<_>>(),
+            vec![(400, 1)]
+        );
+        assert_eq!(c.bytes(), 800);
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! write, the instance never holds more than that in Redis (N instances: at most N times).
 //! Saves over the budget are skipped and counted.
 
+pub mod buffers;
 pub mod config;
 pub mod engine;
 pub mod format;
@@ -40,9 +41,13 @@ mod client;
 mod health;
 mod redis_conn;
 
+pub use buffers::{BufferPool, BufferStats};
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
-pub use config::{HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec};
+pub use config::{
+    HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec,
+    DEFAULT_SPARE_BYTES,
+};
 pub use engine::EngineTier;
 pub use format::{CorruptKind, LoadError, TierNamespace};
 pub use stats::{Histogram, LatencyHistogram, LoadFailures, TierIoStats, TierStats};

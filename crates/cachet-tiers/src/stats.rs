@@ -147,6 +147,8 @@ pub struct TierStats {
     pub save_queue_len: u64,
     /// Saves accepted and not yet settled: the queue plus the batch being written.
     pub saves_pending: u64,
+    /// The warm payload buffers handed to the engine's saves ([`crate::buffers`]).
+    pub buffers: crate::buffers::BufferStats,
 }
 
 impl TierStats {
@@ -379,6 +381,7 @@ impl Counters {
                 .saves_enqueued
                 .load(Relaxed)
                 .saturating_sub(self.saves_settled.load(Relaxed)),
+            buffers: Default::default(),
         }
     }
 }

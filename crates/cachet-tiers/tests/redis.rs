@@ -117,6 +117,7 @@ fn another_instance_of_the_same_model_loads_what_one_saved() {
     rc.timeout = Duration::from_millis(500);
     let o = TierClient::open(TierConfig {
         namespace: other,
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
         redis: Some(rc),
     })
@@ -481,6 +482,7 @@ fn stacked_host_in_front_of_redis() {
     let mut admin = server.conn();
     let c = TierClient::open(TierConfig {
         namespace: ns(),
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {
             capacity_bytes: 10 * BLOCK as u64,
         }),

@@ -249,6 +249,7 @@ pub fn redis_client(url: &str, f: impl FnOnce(&mut RedisConfig)) -> TierClient {
     f(&mut rc);
     TierClient::open(TierConfig {
         namespace: ns(),
+        spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
         redis: Some(rc),
     })
