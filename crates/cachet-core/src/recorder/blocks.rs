@@ -3,6 +3,13 @@
 //! parent, most recently used first). Dense by block id, so keeping it up to date costs a few
 //! stores per new entry and no hashing; the inspector, the divergence point and the "whose was
 //! it" of an eviction read it.
+//!
+//! Laid out for the step, which creates and drops entries at every block boundary, over the
+//! inspector, which is rare: what an entry's creation and eviction touch (its hash, its sibling
+//! links, its creator) is a 32-byte node, two to a cache line; what only queries read (times,
+//! hits, depth, root key) lives in a parallel array written once per entry; creators are ids
+//! into a small reference-counted table of labels ([`Creators`]), so an entry costs no atomic
+//! reference count on a label that may have gone cold long ago.
 
 use std::sync::Arc;
 
@@ -12,49 +19,118 @@ use crate::events::wire_hash;
 use crate::hash::BlockHash;
 use crate::{BlockId, TokenId};
 
-const NONE: u32 = u32::MAX;
+/// No block, no creator.
+pub(crate) const NONE: u32 = u32::MAX;
 
-#[derive(Clone, Debug)]
-struct Meta {
-    cached: bool,
+const CACHED: u32 = 1;
+const LINKED: u32 = 2;
+
+/// What the step reads and writes of an entry.
+#[derive(Clone, Copy, Debug)]
+struct Node {
     /// The entry's hash as KV events carry it (64 bits of a cryptographic hash).
     hash: u64,
-    depth: u32,
-    hits: u32,
-    created: f64,
-    /// NaN: never found.
-    last_hit: f64,
     /// Parent block id; `NONE` for a root block (depth 0) or an orphan (its parent's entry is
     /// gone).
     parent: u32,
-    /// In a sibling list (a root's list, or its parent's children).
-    linked: bool,
     first_child: u32,
     next: u32,
     prev: u32,
+    /// Id in [`Creators`] (`NONE` when not cached).
+    creator: u32,
+    /// `CACHED`, and `LINKED`: in a sibling list (a root's list, or its parent's children).
+    flags: u32,
+}
+
+const EMPTY: Node = Node {
+    hash: 0,
+    parent: NONE,
+    first_child: NONE,
+    next: NONE,
+    prev: NONE,
+    creator: NONE,
+    flags: 0,
+};
+
+impl Node {
+    fn cached(&self) -> bool {
+        self.flags & CACHED != 0
+    }
+    fn linked(&self) -> bool {
+        self.flags & LINKED != 0
+    }
+}
+
+/// What only queries read of an entry.
+#[derive(Clone, Copy, Debug)]
+struct Cold {
+    created: f64,
+    /// NaN: never found.
+    last_hit: f64,
     /// Digest of the creating request's salt and adapter (root blocks are only siblings of
     /// roots with the same one).
     root_key: u64,
-    creator: Option<Arc<str>>,
+    hits: u32,
+    depth: u32,
 }
 
-impl Default for Meta {
-    fn default() -> Self {
-        Meta {
-            cached: false,
-            hash: 0,
-            depth: 0,
-            hits: 0,
-            created: 0.0,
-            last_hit: f64::NAN,
-            parent: NONE,
-            linked: false,
-            first_child: NONE,
-            next: NONE,
-            prev: NONE,
-            root_key: 0,
-            creator: None,
+const COLD: Cold = Cold {
+    created: 0.0,
+    last_hit: f64::NAN,
+    root_key: 0,
+    hits: 0,
+    depth: 0,
+};
+
+/// Labels of the requests that created entries (or that a kept lifecycle names as an evicted
+/// entry's owner), by id, each with a count of its holders: the live request itself, each
+/// entry it created, each lifecycle event naming it. An id is reused once nothing holds it.
+#[derive(Debug, Default)]
+pub(crate) struct Creators {
+    slots: Vec<(Option<Arc<str>>, u32)>,
+    free: Vec<u32>,
+}
+
+impl Creators {
+    /// A new id for `label`, held once.
+    pub(crate) fn acquire(&mut self, label: &Arc<str>) -> u32 {
+        if let Some(id) = self.free.pop() {
+            self.slots[id as usize] = (Some(label.clone()), 1);
+            return id;
         }
+        self.slots.push((Some(label.clone()), 1));
+        (self.slots.len() - 1) as u32
+    }
+
+    /// One more holder of `id`.
+    pub(crate) fn hold(&mut self, id: u32) {
+        if let Some(s) = self.slots.get_mut(id as usize) {
+            s.1 += 1;
+        }
+    }
+
+    /// One holder fewer; the label is dropped with the last.
+    pub(crate) fn release(&mut self, id: u32) {
+        let Some(s) = self.slots.get_mut(id as usize) else {
+            return;
+        };
+        if s.1 == 0 {
+            return;
+        }
+        s.1 -= 1;
+        if s.1 == 0 {
+            s.0 = None;
+            self.free.push(id);
+        }
+    }
+
+    pub(crate) fn label(&self, id: u32) -> Option<Arc<str>> {
+        self.slots.get(id as usize).and_then(|s| s.0.clone())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn live(&self) -> usize {
+        self.slots.iter().filter(|s| s.1 > 0).count()
     }
 }
 
@@ -88,43 +164,47 @@ pub(crate) struct Sibling {
 #[derive(Debug, Default)]
 pub(crate) struct BlockIndex {
     b: usize,
-    meta: Vec<Meta>,
+    nodes: Vec<Node>,
+    cold: Vec<Cold>,
     tokens: Vec<TokenId>,
     root_first: u32,
+    pub(crate) creators: Creators,
 }
 
 impl BlockIndex {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
         BlockIndex {
             b: block_size,
-            meta: vec![Meta::default(); num_blocks],
+            nodes: vec![EMPTY; num_blocks],
+            cold: vec![COLD; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             root_first: NONE,
+            creators: Creators::default(),
         }
     }
 
-    fn m(&self, block: BlockId) -> Option<&Meta> {
-        self.meta.get(block as usize)
+    fn n(&self, block: BlockId) -> Option<&Node> {
+        self.nodes.get(block as usize)
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
-        self.m(block)
-            .is_some_and(|m| m.cached && m.hash == wire_hash(hash))
+        self.n(block)
+            .is_some_and(|m| m.cached() && m.hash == wire_hash(hash))
     }
 
     /// The request that created the entry `block` holds.
     pub(crate) fn creator(&self, block: BlockId) -> Option<Arc<str>> {
-        self.m(block)
-            .filter(|m| m.cached)
-            .and_then(|m| m.creator.clone())
+        self.n(block)
+            .filter(|m| m.cached())
+            .and_then(|m| self.creators.label(m.creator))
     }
 
     fn head(&self, parent: u32) -> u32 {
         if parent == NONE {
             self.root_first
         } else {
-            self.meta[parent as usize].first_child
+            self.nodes[parent as usize].first_child
         }
     }
 
@@ -132,45 +212,46 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first = v;
         } else {
-            self.meta[parent as usize].first_child = v;
+            self.nodes[parent as usize].first_child = v;
         }
     }
 
     fn unlink(&mut self, i: u32) {
-        let m = &self.meta[i as usize];
-        if !m.linked {
+        let m = &self.nodes[i as usize];
+        if !m.linked() {
             return;
         }
         let (prev, next, parent) = (m.prev, m.next, m.parent);
         if prev == NONE {
             self.set_head(parent, next);
         } else {
-            self.meta[prev as usize].next = next;
+            self.nodes[prev as usize].next = next;
         }
         if next != NONE {
-            self.meta[next as usize].prev = prev;
+            self.nodes[next as usize].prev = prev;
         }
-        let m = &mut self.meta[i as usize];
-        m.linked = false;
+        let m = &mut self.nodes[i as usize];
+        m.flags &= !LINKED;
         m.prev = NONE;
         m.next = NONE;
     }
 
     fn link_front(&mut self, i: u32) {
-        let parent = self.meta[i as usize].parent;
+        let parent = self.nodes[i as usize].parent;
         let head = self.head(parent);
         if head != NONE {
-            self.meta[head as usize].prev = i;
+            self.nodes[head as usize].prev = i;
         }
-        let m = &mut self.meta[i as usize];
+        let m = &mut self.nodes[i as usize];
         m.next = head;
         m.prev = NONE;
-        m.linked = true;
+        m.flags |= LINKED;
         self.set_head(parent, i);
     }
 
     /// `block` became the entry `hash` at `depth`, under `parent` (`None` at depth 0, or when
-    /// the parent's entry is not known: an orphan, in no sibling list).
+    /// the parent's entry is not known: an orphan, in no sibling list), created by the holder of
+    /// `creator` (an id of [`BlockIndex::creators`], held once more by the entry).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn created(
         &mut self,
@@ -180,36 +261,40 @@ impl BlockIndex {
         parent: Option<BlockId>,
         tokens: &[TokenId],
         root_key: u64,
-        creator: &Arc<str>,
+        creator: u32,
         now: f64,
     ) {
         let i = block as usize;
-        if i >= self.meta.len() || tokens.len() != self.b {
+        if i >= self.nodes.len() || tokens.len() != self.b {
             return;
         }
-        if self.meta[i].cached {
-            self.evicted(block);
+        if self.nodes[i].cached() {
+            if let Some(owner) = self.evicted(block) {
+                self.creators.release(owner);
+            }
         }
         let parent = match parent {
-            Some(p) if self.m(p).is_some_and(|m| m.cached) => p,
+            Some(p) if self.n(p).is_some_and(|m| m.cached()) => p,
             Some(_) => NONE,
             None => NONE,
         };
         let orphan = depth > 0 && parent == NONE;
-        self.meta[i] = Meta {
-            cached: true,
+        self.creators.hold(creator);
+        self.nodes[i] = Node {
             hash: wire_hash(&hash),
-            depth,
-            hits: 0,
-            created: now,
-            last_hit: f64::NAN,
             parent,
-            linked: false,
             first_child: NONE,
             next: NONE,
             prev: NONE,
+            creator,
+            flags: CACHED,
+        };
+        self.cold[i] = Cold {
+            created: now,
+            last_hit: f64::NAN,
             root_key,
-            creator: Some(creator.clone()),
+            hits: 0,
+            depth,
         };
         self.tokens[i * self.b..(i + 1) * self.b].copy_from_slice(tokens);
         if !orphan {
@@ -219,46 +304,57 @@ impl BlockIndex {
 
     /// A lookup found `block`: it becomes the most recently used of its siblings.
     pub(crate) fn hit(&mut self, block: BlockId, now: f64) {
-        let Some(m) = self.meta.get_mut(block as usize) else {
+        let i = block as usize;
+        let Some(m) = self.nodes.get(i) else {
             return;
         };
-        if !m.cached {
+        if !m.cached() {
             return;
         }
-        m.hits = m.hits.saturating_add(1);
-        m.last_hit = now;
-        if m.linked {
+        let linked = m.linked();
+        let c = &mut self.cold[i];
+        c.hits = c.hits.saturating_add(1);
+        c.last_hit = now;
+        if linked {
             self.unlink(block);
             self.link_front(block);
         }
     }
 
-    /// The entry `block` held was dropped; returns who created it. Its children become
+    /// The entry `block` held was dropped; returns its creator's id, whose hold by the entry
+    /// passes to the caller (to keep, for a lifecycle event, or to release). Its children become
     /// orphans.
-    pub(crate) fn evicted(&mut self, block: BlockId) -> Option<Arc<str>> {
+    pub(crate) fn evicted(&mut self, block: BlockId) -> Option<u32> {
         let i = block as usize;
-        if !self.meta.get(i).is_some_and(|m| m.cached) {
+        if !self.nodes.get(i).is_some_and(|m| m.cached()) {
             return None;
         }
         self.unlink(block);
-        let mut c = self.meta[i].first_child;
+        let mut c = self.nodes[i].first_child;
         while c != NONE {
-            let next = self.meta[c as usize].next;
-            let m = &mut self.meta[c as usize];
+            let m = &mut self.nodes[c as usize];
+            let next = m.next;
             m.parent = NONE;
-            m.linked = false;
+            m.flags &= !LINKED;
             m.prev = NONE;
             m.next = NONE;
             c = next;
         }
-        let m = std::mem::take(&mut self.meta[i]);
-        m.creator
+        let creator = self.nodes[i].creator;
+        self.nodes[i] = EMPTY;
+        self.cold[i] = COLD;
+        (creator != NONE).then_some(creator)
     }
 
     /// Every entry was dropped.
     pub(crate) fn reset(&mut self) {
-        for m in &mut self.meta {
-            *m = Meta::default();
+        for i in 0..self.nodes.len() {
+            let creator = self.nodes[i].creator;
+            if self.nodes[i].cached() && creator != NONE {
+                self.creators.release(creator);
+            }
+            self.nodes[i] = EMPTY;
+            self.cold[i] = COLD;
         }
         self.root_first = NONE;
     }
@@ -275,14 +371,13 @@ impl BlockIndex {
         const MAX_SCAN: usize = 64;
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.m(p).filter(|m| m.cached)?.first_child,
+            Some(p) => self.n(p).filter(|m| m.cached())?.first_child,
         };
         let mut scanned = 0;
         while c != NONE && scanned < MAX_SCAN {
             scanned += 1;
-            let m = &self.meta[c as usize];
-            let next = m.next;
-            if parent.is_some() || m.root_key == root_key {
+            let next = self.nodes[c as usize].next;
+            if parent.is_some() || self.cold[c as usize].root_key == root_key {
                 let theirs = &self.tokens[c as usize * self.b..(c as usize + 1) * self.b];
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });
@@ -304,36 +399,36 @@ impl BlockIndex {
     /// child), ties broken by depth.
     pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
-        for (i, m) in self.meta.iter().enumerate() {
-            if !m.cached || m.hits == 0 {
+        for (i, m) in self.nodes.iter().enumerate() {
+            let hits = self.cold[i].hits;
+            if !m.cached() || hits == 0 {
                 continue;
             }
             let mut c = m.first_child;
             let mut extended = false;
             while c != NONE {
-                let cm = &self.meta[c as usize];
-                if cm.hits >= m.hits {
+                if self.cold[c as usize].hits >= hits {
                     extended = true;
                     break;
                 }
-                c = cm.next;
+                c = self.nodes[c as usize].next;
             }
             if !extended {
-                out.push((u64::from(m.hits), m.depth, i as u32));
+                out.push((u64::from(hits), self.cold[i].depth, i as u32));
             }
         }
         out.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         out.truncate(n);
         out.into_iter()
             .map(|(hits, depth, i)| {
-                let m = &self.meta[i as usize];
+                let (m, c) = (&self.nodes[i as usize], &self.cold[i as usize]);
                 HotPrefix {
                     depth,
                     tokens: (depth as u64 + 1) * self.b as u64,
                     hits,
-                    age_s: (now - m.created).max(0.0),
-                    last_hit_s: (!m.last_hit.is_nan()).then(|| (now - m.last_hit).max(0.0)),
-                    created_by: m.creator.clone(),
+                    age_s: (now - c.created).max(0.0),
+                    last_hit_s: (!c.last_hit.is_nan()).then(|| (now - c.last_hit).max(0.0)),
+                    created_by: self.creators.label(m.creator),
                     hash: m.hash,
                 }
             })
@@ -345,11 +440,11 @@ impl BlockIndex {
         let mut v = Vec::new();
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.meta[p as usize].first_child,
+            Some(p) => self.nodes[p as usize].first_child,
         };
         while c != NONE {
             v.push(c);
-            c = self.meta[c as usize].next;
+            c = self.nodes[c as usize].next;
         }
         v
     }
@@ -366,10 +461,10 @@ mod tests {
     #[test]
     fn siblings_are_most_recently_used_first_and_evictions_orphan_children() {
         let mut ix = BlockIndex::new(8, 2);
-        let who: Arc<str> = "r".into();
-        ix.created(0, h(0), 0, None, &[1, 2], 0, &who, 0.0);
-        ix.created(1, h(1), 1, Some(0), &[3, 4], 0, &who, 0.0);
-        ix.created(2, h(2), 1, Some(0), &[3, 5], 0, &who, 1.0);
+        let who = ix.creators.acquire(&"r".into());
+        ix.created(0, h(0), 0, None, &[1, 2], 0, who, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[3, 4], 0, who, 0.0);
+        ix.created(2, h(2), 1, Some(0), &[3, 5], 0, who, 1.0);
         assert_eq!(ix.siblings(Some(0)), vec![2, 1]);
         ix.hit(1, 2.0);
         assert_eq!(ix.siblings(Some(0)), vec![1, 2]);
@@ -389,7 +484,8 @@ mod tests {
             ix.diverging_sibling(None, 0, &[1, 9]).map(|s| s.offset),
             Some(1)
         );
-        assert_eq!(ix.evicted(0).as_deref(), Some("r"));
+        let owner = ix.evicted(0).unwrap();
+        assert_eq!(ix.creators.label(owner).as_deref(), Some("r"));
         assert!(ix.siblings(None).is_empty());
         assert!(ix.holds(1, &h(1)) && !ix.holds(0, &h(0)));
         assert_eq!(ix.diverging_sibling(Some(0), 0, &[3, 9]), None);
@@ -398,10 +494,10 @@ mod tests {
     #[test]
     fn hottest_reports_the_deepest_block_of_a_run() {
         let mut ix = BlockIndex::new(8, 4);
-        let who: Arc<str> = "a".into();
-        ix.created(0, h(0), 0, None, &[0; 4], 0, &who, 0.0);
-        ix.created(1, h(1), 1, Some(0), &[1; 4], 0, &who, 0.0);
-        ix.created(2, h(2), 1, Some(0), &[2; 4], 0, &who, 0.0);
+        let who = ix.creators.acquire(&"a".into());
+        ix.created(0, h(0), 0, None, &[0; 4], 0, who, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[1; 4], 0, who, 0.0);
+        ix.created(2, h(2), 1, Some(0), &[2; 4], 0, who, 0.0);
         for _ in 0..3 {
             ix.hit(0, 5.0);
         }
@@ -423,5 +519,31 @@ mod tests {
             .map(|p| (p.depth, p.hits))
             .collect();
         assert_eq!(rows, vec![(1, 3), (1, 1)]);
+    }
+
+    #[test]
+    fn a_creator_lives_while_its_request_or_an_entry_holds_it() {
+        let mut ix = BlockIndex::new(4, 2);
+        let a = ix.creators.acquire(&"a".into());
+        ix.created(0, h(0), 0, None, &[1, 2], 0, a, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[3, 4], 0, a, 0.0);
+        // The request ended: its two entries still hold the label.
+        ix.creators.release(a);
+        assert_eq!(ix.creator(1).as_deref(), Some("a"));
+        let owner = ix.evicted(1).unwrap();
+        ix.creators.release(owner);
+        assert_eq!((ix.creators.live(), ix.creator(0).as_deref()), (1, Some("a")));
+        // Re-creating a block drops the entry it held, and its hold.
+        let b = ix.creators.acquire(&"b".into());
+        ix.created(0, h(2), 0, None, &[5, 6], 0, b, 1.0);
+        assert_eq!(ix.creators.live(), 1);
+        assert_eq!(ix.creator(0).as_deref(), Some("b"));
+        // The freed id is reused; a reset releases every entry's hold.
+        let c = ix.creators.acquire(&"c".into());
+        assert_eq!(c, a);
+        ix.creators.release(b);
+        ix.creators.release(c);
+        ix.reset();
+        assert_eq!(ix.creators.live(), 0);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::BlockIndex;
+use super::blocks::{BlockIndex, Creators, NONE};
 use super::shadow::{Shadow, SCALES};
 use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
@@ -158,12 +158,102 @@ pub struct RecentRequest {
 /// Recent requests kept for the list (newest first).
 pub const RECENT_REQUESTS: usize = 32;
 
+/// A lifecycle entry as the step records it: 24 bytes, the evicted entry's owner an id of the
+/// block index's [`Creators`] (held by the entry until its lifecycle is dropped); made a
+/// [`BlockEvent`] when the inspector asks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ev {
+    hash: u64,
+    index: u32,
+    block: u32,
+    owner: u32,
+    kind: BlockEventKind,
+    flags: u8,
+}
+
+const HAS_INDEX: u8 = 1;
+const HAS_BLOCK: u8 = 2;
+const HAS_HASH: u8 = 4;
+const NEW_ENTRY: u8 = 8;
+
+impl Ev {
+    fn new(
+        kind: BlockEventKind,
+        index: Option<u32>,
+        block: Option<BlockId>,
+        hash: Option<u64>,
+    ) -> Self {
+        let mut flags = 0;
+        if index.is_some() {
+            flags |= HAS_INDEX;
+        }
+        if block.is_some() {
+            flags |= HAS_BLOCK;
+        }
+        if hash.is_some() {
+            flags |= HAS_HASH;
+        }
+        Ev {
+            hash: hash.unwrap_or(0),
+            index: index.unwrap_or(0),
+            block: block.unwrap_or(0),
+            owner: NONE,
+            kind,
+            flags,
+        }
+    }
+
+    fn event(&self, creators: Option<&Creators>) -> BlockEvent {
+        let f = self.flags;
+        BlockEvent {
+            event: self.kind,
+            index: (f & HAS_INDEX != 0).then_some(self.index),
+            block: (f & HAS_BLOCK != 0).then_some(self.block),
+            hash: (f & HAS_HASH != 0).then_some(self.hash),
+            new_entry: f & NEW_ENTRY != 0,
+            owner: (self.owner != NONE)
+                .then(|| creators.and_then(|c| c.label(self.owner)))
+                .flatten(),
+        }
+    }
+}
+
+/// Release the owners `events` hold.
+fn release_owners(creators: Option<&mut Creators>, events: &[Ev]) {
+    if let Some(c) = creators {
+        for e in events {
+            if e.owner != NONE {
+                c.release(e.owner);
+            }
+        }
+    }
+}
+
+/// A kept lifecycle, as recorded.
+#[derive(Debug)]
+struct Kept {
+    request_id: Arc<str>,
+    handle: u64,
+    tenant: Arc<str>,
+    finish_reason: FinishReason,
+    prompt_tokens: u64,
+    generation_tokens: u64,
+    prefill_stats: Option<PrefillStats>,
+    events: Vec<Ev>,
+    dropped: u64,
+}
+
+/// Spare lifecycle buffers kept for new requests (a dropped lifecycle's, cleared).
+const SPARE_BUFFERS: usize = 64;
+
 /// The recorder's per-request insight state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RequestInsight {
     pub tenant: Option<usize>,
     pub root_key: u64,
-    pub life: Option<Vec<BlockEvent>>,
+    pub life: Option<Vec<Ev>>,
+    /// The request's id in the block index's creators (`NONE` until it creates an entry).
+    pub creator: u32,
     pub dropped: u64,
     /// Reasons of the tokens after the local hit and the pending external blocks.
     pub miss: MissTokens,
@@ -174,15 +264,35 @@ pub(crate) struct RequestInsight {
     pub shared: bool,
 }
 
+impl Default for RequestInsight {
+    fn default() -> Self {
+        RequestInsight {
+            tenant: None,
+            root_key: 0,
+            life: None,
+            creator: NONE,
+            dropped: 0,
+            miss: MissTokens::default(),
+            local_blocks: 0,
+            pending_blocks: 0,
+            divergence: None,
+            shared: false,
+        }
+    }
+}
+
 impl RequestInsight {
-    fn push(&mut self, e: BlockEvent) {
+    /// Record `e`; false when the lifecycle is full (or not kept) and `e` was not recorded.
+    #[inline]
+    fn push(&mut self, e: Ev) -> bool {
         if let Some(l) = self.life.as_mut() {
             if l.len() < MAX_BLOCK_EVENTS {
                 l.push(e);
-            } else {
-                self.dropped += 1;
+                return true;
             }
+            self.dropped += 1;
         }
+        false
     }
 }
 
@@ -256,8 +366,9 @@ pub(crate) struct Insight {
     shadow: Option<Shadow>,
     index: Option<BlockIndex>,
     tenants: Option<Tenants>,
-    history: VecDeque<RequestLifecycle>,
+    history: VecDeque<Kept>,
     recent: VecDeque<RecentRequest>,
+    spare: Vec<Vec<Ev>>,
 }
 
 impl Insight {
@@ -275,6 +386,7 @@ impl Insight {
             }),
             history: VecDeque::new(),
             recent: VecDeque::new(),
+            spare: Vec::new(),
         }
     }
 
@@ -304,9 +416,12 @@ impl Insight {
             } else {
                 0
             },
-            // Each block is hit, or allocated and filled; a little room for evictions.
-            life: (self.cfg.request_history > 0)
-                .then(|| Vec::with_capacity((2 * blocks + 4).min(MAX_BLOCK_EVENTS))),
+            // Each block is hit, or allocated, filled and maybe evicted for.
+            life: (self.cfg.request_history > 0).then(|| {
+                let mut v = self.spare.pop().unwrap_or_default();
+                v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
+                v
+            }),
             ..Default::default()
         }
     }
@@ -458,14 +573,12 @@ impl Insight {
             return;
         }
         for (j, &blk) in blocks.iter().enumerate().take(hits) {
-            ri.push(BlockEvent {
-                event: BlockEventKind::Hit,
-                index: Some(j as u32),
-                block: Some(blk),
-                hash: hashes.get(j).map(wire_hash),
-                new_entry: false,
-                owner: None,
-            });
+            ri.push(Ev::new(
+                BlockEventKind::Hit,
+                Some(j as u32),
+                Some(blk),
+                hashes.get(j).map(wire_hash),
+            ));
         }
     }
 
@@ -488,45 +601,69 @@ impl Insight {
         self.ensure(pool);
         let mut ri = ri;
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
+        let new = &blocks[first_new..];
+        // The pool takes blocks in queue order and lists evictions as it goes: the evicted
+        // blocks are a subsequence of the new ones, found with one walk (checked: otherwise by
+        // search).
+        let in_order = {
+            let mut it = new.iter();
+            kv.evicted.iter().all(|e| it.any(|&x| x == e.block))
+        };
+        let mut p = 0;
         for e in &kv.evicted {
             let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
+            let mut kept = false;
             if let Some(ri) = ri.as_deref_mut() {
                 if ri.life.is_some() {
-                    let index = blocks[first_new..]
-                        .iter()
-                        .position(|&x| x == e.block)
-                        .map(|p| (first_new + p) as u32);
-                    ri.push(BlockEvent {
-                        event: BlockEventKind::Evicted,
+                    let at = if in_order {
+                        while new.get(p).is_some_and(|&x| x != e.block) {
+                            p += 1;
+                        }
+                        (p < new.len()).then_some(p)
+                    } else {
+                        new.iter().position(|&x| x == e.block)
+                    };
+                    let index = at.map(|p| (first_new + p) as u32);
+                    let mut ev = Ev::new(
+                        BlockEventKind::Evicted,
                         index,
-                        block: Some(e.block),
-                        hash: Some(wire_hash(&e.hash)),
-                        new_entry: false,
-                        owner,
-                    });
+                        Some(e.block),
+                        Some(wire_hash(&e.hash)),
+                    );
+                    ev.owner = owner.unwrap_or(NONE);
+                    kept = ri.push(ev);
                 }
+            }
+            if let (false, Some(o), Some(ix)) = (kept, owner, self.index.as_mut()) {
+                ix.creators.release(o);
             }
         }
         if let Some(sh) = self.shadow.as_mut() {
             // In the order the pool took them: where the hashless ones sit matters to the
             // larger pools' victim regions.
-            sh.take_blocks(
-                blocks[first_new..]
-                    .iter()
-                    .map(|&blk| kv.evicted.iter().find(|e| e.block == blk).map(|e| e.hash)),
-            );
+            if in_order {
+                let mut q = 0;
+                sh.take_blocks(new.iter().map(|&blk| {
+                    let e = kv.evicted.get(q).filter(|e| e.block == blk)?;
+                    q += 1;
+                    Some(e.hash)
+                }));
+            } else {
+                sh.take_blocks(
+                    new.iter()
+                        .map(|&blk| kv.evicted.iter().find(|e| e.block == blk).map(|e| e.hash)),
+                );
+            }
         }
         if let Some(ri) = ri {
             if ri.life.is_some() {
                 for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
-                    ri.push(BlockEvent {
-                        event: BlockEventKind::Allocated,
-                        index: Some(j as u32),
-                        block: Some(blk),
-                        hash: None,
-                        new_entry: false,
-                        owner: None,
-                    });
+                    ri.push(Ev::new(
+                        BlockEventKind::Allocated,
+                        Some(j as u32),
+                        Some(blk),
+                        None,
+                    ));
                 }
             }
         }
@@ -546,8 +683,20 @@ impl Insight {
         now: f64,
     ) {
         let b = self.block_size;
-        let root_key = ri.as_ref().map_or(0, |r| r.root_key);
-        if let Some(ix) = self.index.as_mut() {
+        let mut ri = ri;
+        if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
+            let root_key = ri.as_ref().map_or(0, |r| r.root_key);
+            // The creator's id: the request's own (taken at its first entry), or one held only
+            // by these entries.
+            let (creator, temporary) = match ri.as_deref_mut() {
+                Some(r) => {
+                    if r.creator == NONE {
+                        r.creator = ix.creators.acquire(label);
+                    }
+                    (r.creator, false)
+                }
+                None => (ix.creators.acquire(label), true),
+            };
             for &i in &kv.created {
                 let i = i as usize;
                 let (Some(&blk), Some(&h), Some(toks)) =
@@ -565,7 +714,10 @@ impl Insight {
                         (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
                         _ => BlockId::MAX,
                     });
-                ix.created(blk, h, i as u32, parent, toks, root_key, label, now);
+                ix.created(blk, h, i as u32, parent, toks, root_key, creator, now);
+            }
+            if temporary {
+                ix.creators.release(creator);
             }
         }
         let Some(ri) = ri else { return };
@@ -575,14 +727,16 @@ impl Insight {
         let end = kv.committed_until / b;
         let start = end.saturating_sub(kv.filled as usize);
         for j in start..end {
-            ri.push(BlockEvent {
-                event: BlockEventKind::Filled,
-                index: Some(j as u32),
-                block: blocks.get(j).copied(),
-                hash: hashes.get(j).map(wire_hash),
-                new_entry: kv.created.contains(&(j as u32)),
-                owner: None,
-            });
+            let mut e = Ev::new(
+                BlockEventKind::Filled,
+                Some(j as u32),
+                blocks.get(j).copied(),
+                hashes.get(j).map(wire_hash),
+            );
+            if kv.created.contains(&(j as u32)) {
+                e.flags |= NEW_ENTRY;
+            }
+            ri.push(e);
         }
     }
 
@@ -591,26 +745,12 @@ impl Insight {
             return;
         }
         for j in hashes_from..hashes_from + n {
-            ri.push(BlockEvent {
-                event: BlockEventKind::Loaded,
-                index: Some(j as u32),
-                block: None,
-                hash: None,
-                new_entry: false,
-                owner: None,
-            });
+            ri.push(Ev::new(BlockEventKind::Loaded, Some(j as u32), None, None));
         }
     }
 
     pub(crate) fn preempted(&mut self, ri: &mut RequestInsight) {
-        ri.push(BlockEvent {
-            event: BlockEventKind::Preempted,
-            index: None,
-            block: None,
-            hash: None,
-            new_entry: false,
-            owner: None,
-        });
+        ri.push(Ev::new(BlockEventKind::Preempted, None, None, None));
     }
 
     pub(crate) fn reset(&mut self) {
@@ -652,7 +792,12 @@ impl Insight {
                 finish_reason: reason,
             });
         }
-        let Some(blocks) = ri.life else { return };
+        if ri.creator != NONE {
+            if let Some(ix) = self.index.as_mut() {
+                ix.creators.release(ri.creator);
+            }
+        }
+        let Some(mut events) = ri.life else { return };
         // The sequences of one request share its entry.
         let joined = if ri.shared {
             self.history.iter_mut().rev().find(|h| h.handle == handle)
@@ -660,22 +805,33 @@ impl Insight {
             None
         };
         if let Some(h) = joined {
-            h.blocks_dropped += ri.dropped;
-            let room = MAX_BLOCK_EVENTS.saturating_sub(h.blocks.len());
-            h.blocks_dropped += blocks.len().saturating_sub(room) as u64;
-            h.blocks.extend(blocks.into_iter().take(room));
+            h.dropped += ri.dropped;
+            let room = MAX_BLOCK_EVENTS.saturating_sub(h.events.len());
+            if events.len() > room {
+                h.dropped += (events.len() - room) as u64;
+                release_owners(
+                    self.index.as_mut().map(|ix| &mut ix.creators),
+                    &events[room..],
+                );
+                events.truncate(room);
+            }
+            h.events.extend_from_slice(&events);
             h.generation_tokens += generation_tokens;
             if primary {
                 h.prefill_stats = stats;
                 h.finish_reason = reason;
                 h.prompt_tokens = prompt_tokens;
             }
+            self.recycle(events);
             return;
         }
         if self.history.len() >= self.cfg.request_history {
-            self.history.pop_front();
+            if let Some(old) = self.history.pop_front() {
+                release_owners(self.index.as_mut().map(|ix| &mut ix.creators), &old.events);
+                self.recycle(old.events);
+            }
         }
-        self.history.push_back(RequestLifecycle {
+        self.history.push_back(Kept {
             request_id: request_id.clone(),
             handle,
             tenant,
@@ -683,16 +839,37 @@ impl Insight {
             prompt_tokens,
             generation_tokens,
             prefill_stats: stats,
-            blocks,
-            blocks_dropped: ri.dropped,
+            events,
+            dropped: ri.dropped,
         });
     }
 
-    pub(crate) fn lifecycle(&self, request_id: &str) -> Option<&RequestLifecycle> {
-        self.history
+    /// Keep a lifecycle buffer whose events are released for a new request.
+    fn recycle(&mut self, mut events: Vec<Ev>) {
+        if self.spare.len() < SPARE_BUFFERS && events.capacity() > 0 {
+            events.clear();
+            self.spare.push(events);
+        }
+    }
+
+    pub(crate) fn lifecycle(&self, request_id: &str) -> Option<RequestLifecycle> {
+        let h = self
+            .history
             .iter()
             .rev()
-            .find(|h| &*h.request_id == request_id)
+            .find(|h| &*h.request_id == request_id)?;
+        let creators = self.index.as_ref().map(|ix| &ix.creators);
+        Some(RequestLifecycle {
+            request_id: h.request_id.clone(),
+            handle: h.handle,
+            tenant: h.tenant.clone(),
+            finish_reason: h.finish_reason,
+            prompt_tokens: h.prompt_tokens,
+            generation_tokens: h.generation_tokens,
+            prefill_stats: h.prefill_stats,
+            blocks: h.events.iter().map(|e| e.event(creators)).collect(),
+            blocks_dropped: h.dropped,
+        })
     }
 
     pub(crate) fn recent(&self) -> impl Iterator<Item = &RecentRequest> {

@@ -166,7 +166,7 @@ impl Recorder {
 
     /// A recent finished request's block lifecycle, by its label (the newest with it).
     pub fn lifecycle(&self, request_id: &str) -> Option<RequestLifecycle> {
-        self.insight.lifecycle(request_id).cloned()
+        self.insight.lifecycle(request_id)
     }
 
     /// The `n` cached prefixes lookups found most often (`now` for their ages).
@@ -585,16 +585,22 @@ impl Recorder {
             } => {
                 self.totals.blocks_filled += kv.filled as u64;
                 self.stored(slot, kv, hashes, tokens);
-                let mut r = self.records.get_mut(slot as usize).and_then(|r| r.as_mut());
-                let (ins, label) = match r.as_deref_mut() {
-                    Some(r) => (Some(&mut r.ins), r.label.clone()),
-                    None => (None, Arc::from("")),
-                };
-                self.insight
-                    .filled(ins, &label, pool, kv, hashes, tokens, blocks, now);
-                let Some(r) = r else {
+                let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
+                    let label = Arc::from("");
+                    self.insight
+                        .filled(None, &label, pool, kv, hashes, tokens, blocks, now);
                     return;
                 };
+                self.insight.filled(
+                    Some(&mut r.ins),
+                    &r.label,
+                    pool,
+                    kv,
+                    hashes,
+                    tokens,
+                    blocks,
+                    now,
+                );
                 if !prefill || r.finalized {
                     return;
                 }
