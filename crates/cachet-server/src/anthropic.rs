@@ -8,7 +8,6 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cachet_core::RequestDraft;
 use cachet_text::{ChatMessage, Role, ToolCall, ToolEvent, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -16,10 +15,8 @@ use serde_json::{json, Value};
 use crate::body::read_json;
 use crate::error::{AnthropicError, ApiError};
 use crate::fields::{check_rest, Route};
-use crate::generate::{
-    check_session_id, response_id, Final, GenEvent, Generation, StopKind, REQUEST_ID_HEADER,
-};
-use crate::sampling::{build_sampling, check_cache_salt, Api, SamplingInput};
+use crate::generate::{response_id, Final, GenEvent, Generation, StopKind, REQUEST_ID_HEADER};
+use crate::sampling::{request_draft, Api, DraftInput, SamplingInput};
 use crate::tools::{anthropic_tool_choice, anthropic_tools, AnthropicTool, ToolPlan};
 use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json, session_json};
 use crate::AppState;
@@ -386,13 +383,15 @@ pub async fn messages(
         top_k: req.top_k,
         ..Default::default()
     };
-    let (sampling, max_tokens) = build_sampling(&input, Api::Anthropic, "max_tokens")?;
-    check_cache_salt(&req.cache_salt)?;
-    check_session_id(req.session_id.as_deref())?;
-    let mut draft = RequestDraft::new(response_id(&headers, "msg_"), prompt, sampling);
-    draft.max_tokens = max_tokens;
-    draft.cache_salt = req.cache_salt.clone();
-    draft.session_id = req.session_id.as_deref().map(std::sync::Arc::from);
+    let mut draft = request_draft(DraftInput {
+        label: response_id(&headers, "msg_"),
+        prompt,
+        sampling: &input,
+        api: Api::Anthropic,
+        max_tokens_param: "max_tokens",
+        cache_salt: &req.cache_salt,
+        session_id: req.session_id.as_deref(),
+    })?;
     let tok = state.tokenizer();
     let grammar = match plan.grammar(tok.as_ref(), answer_schema.as_ref()) {
         Some(lark) => Some((cachet_grammar::Grammar::Lark(lark), "tools")),

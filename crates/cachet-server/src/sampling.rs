@@ -1,6 +1,6 @@
 //! Validation of sampling options shared by the three generation routes.
 
-use cachet_core::SamplingParams;
+use cachet_core::{RequestDraft, SamplingParams};
 use serde::Deserialize;
 
 use crate::error::ApiError;
@@ -236,6 +236,32 @@ pub fn check_cache_salt(salt: &Option<String>) -> Result<(), ApiError> {
         )),
         _ => Ok(()),
     }
+}
+
+/// What every generation route checks before it builds an engine request, in one place.
+pub struct DraftInput<'a> {
+    pub label: String,
+    pub prompt: Vec<u32>,
+    pub sampling: &'a SamplingInput,
+    pub api: Api,
+    /// The field `max_tokens` came from (`max_tokens`, `max_completion_tokens`), for errors.
+    pub max_tokens_param: &'a str,
+    pub cache_salt: &'a Option<String>,
+    pub session_id: Option<&'a str>,
+}
+
+/// The engine request of a route: sampling checked against the API's ranges, the cache salt
+/// and the session id checked. The route sets what only it has (`n`, priority, prompt
+/// logprobs, a grammar) on the result.
+pub fn request_draft(input: DraftInput<'_>) -> Result<RequestDraft, ApiError> {
+    let (sampling, max_tokens) = build_sampling(input.sampling, input.api, input.max_tokens_param)?;
+    check_cache_salt(input.cache_salt)?;
+    crate::generate::check_session_id(input.session_id)?;
+    let mut d = RequestDraft::new(input.label, input.prompt, sampling);
+    d.max_tokens = max_tokens;
+    d.cache_salt = input.cache_salt.clone();
+    d.session_id = input.session_id.map(std::sync::Arc::from);
+    Ok(d)
 }
 
 #[cfg(test)]

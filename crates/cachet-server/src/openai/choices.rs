@@ -1,0 +1,308 @@
+//! The choices of a collected (non-streamed) generation, and the logprob shapes of both APIs.
+
+use cachet_core::Sampled;
+use cachet_text::{TextTokenizer, ToolFormat};
+use serde_json::{json, Map, Value};
+
+use crate::error::ApiError;
+use crate::generate::{Delta, Final, GenEvent, Generation};
+
+use super::{final_or_abort, ChatTools, Echo, Kind, Shape};
+
+pub(super) fn token_text(tok: &dyn TextTokenizer, id: u32) -> String {
+    tok.token_to_piece(id).unwrap_or_default()
+}
+
+pub(super) fn chat_logprobs(tok: &dyn TextTokenizer, tokens: &[Sampled]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|s| {
+            let text = token_text(tok, s.token);
+            let top: Vec<Value> = s
+                .top_logprobs
+                .iter()
+                .map(|(id, lp)| {
+                    let t = token_text(tok, *id);
+                    json!({"token": t, "logprob": lp, "bytes": t.as_bytes()})
+                })
+                .collect();
+            json!({"token": text, "logprob": s.logprob, "bytes": text.as_bytes(), "top_logprobs": top})
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+pub(super) fn completion_logprobs(
+    tok: &dyn TextTokenizer,
+    tokens: &[Sampled],
+    offset: &mut usize,
+) -> Value {
+    let mut texts = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for s in tokens {
+        let t = token_text(tok, s.token);
+        offsets.push(*offset);
+        *offset += t.len();
+        texts.push(t);
+        lps.push(s.logprob);
+        let top: serde_json::Map<String, Value> = s
+            .top_logprobs
+            .iter()
+            .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
+            .collect();
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// One generation run to its end: one choice per sequence, and the request's last final.
+pub(super) struct Collected {
+    pub(super) choices: Vec<Value>,
+    /// Each choice's mean logprob per generated token (0 without tokens).
+    pub(super) scores: Vec<f64>,
+    pub(super) last: Final,
+    pub(super) prompt_logprobs: Option<Vec<Sampled>>,
+}
+
+impl Collected {
+    /// `best_of`: keeps the `n` choices with the highest mean token logprob (ties: the earlier
+    /// sequence), numbered from `index_base`; their logprobs dropped unless the client asked.
+    pub(super) fn keep_best(&mut self, n: usize, index_base: usize, keep_logprobs: bool) {
+        let mut order: Vec<usize> = (0..self.choices.len()).collect();
+        order.sort_by(|&a, &b| self.scores[b].total_cmp(&self.scores[a]));
+        order.truncate(n);
+        let mut kept = Vec::with_capacity(n);
+        for (k, i) in order.into_iter().enumerate() {
+            let mut c = std::mem::take(&mut self.choices[i]);
+            c["index"] = json!(index_base + k);
+            if !keep_logprobs {
+                c["logprobs"] = Value::Null;
+            }
+            kept.push(c);
+        }
+        self.choices = kept;
+    }
+}
+
+pub(super) async fn collect_choices(
+    tok: &dyn TextTokenizer,
+    gen: &mut Generation,
+    kind: Kind,
+    tools: ChatTools,
+    shape: &Shape,
+) -> Result<Collected, ApiError> {
+    let n = gen.num_seqs();
+    let mut texts = vec![String::new(); n];
+    let mut tokens: Vec<Vec<Sampled>> = vec![Vec::new(); n];
+    let mut finals: Vec<Option<Final>> = vec![None; n];
+    let mut last = None;
+    while let Some(ev) = gen.next().await {
+        match ev {
+            GenEvent::Delta(Delta {
+                seq,
+                text,
+                tokens: t,
+            }) => {
+                if let Some(x) = texts.get_mut(seq as usize) {
+                    x.push_str(&text);
+                }
+                if let Some(x) = tokens.get_mut(seq as usize) {
+                    x.extend(t);
+                }
+            }
+            GenEvent::Done(f) => {
+                if f.last {
+                    last = Some(f.clone());
+                }
+                if let Some(x) = finals.get_mut(f.seq as usize) {
+                    *x = Some(*f);
+                }
+            }
+        }
+    }
+    let last = final_or_abort(gen, last);
+    if let Some(e) = &last.error {
+        return Err(ApiError::Internal(e.to_string()));
+    }
+    let plp = gen.prompt_logprobs().map(<[Sampled]>::to_vec);
+    let mut choices = Vec::with_capacity(n);
+    let scores = tokens
+        .iter()
+        .map(|t| {
+            if t.is_empty() {
+                0.0
+            } else {
+                t.iter().map(|s| f64::from(s.logprob)).sum::<f64>() / t.len() as f64
+            }
+        })
+        .collect();
+    for (i, (text, toks)) in texts.into_iter().zip(tokens).enumerate() {
+        let fin = finals[i].clone().unwrap_or_else(|| last.clone());
+        let index = shape.index_base + i;
+        let want_lp = !toks.is_empty();
+        let choice = match kind {
+            Kind::Chat => {
+                let (content, calls) = match tools.format {
+                    Some(f) => {
+                        let (c, mut calls) = cachet_text::parse_tool_calls(f, &text);
+                        if !tools.parallel {
+                            calls.truncate(1);
+                        }
+                        (c, calls)
+                    }
+                    None => (text, Vec::new()),
+                };
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    let format = tools.format.unwrap_or(ToolFormat::Generic);
+                    let tc = crate::tools::to_tool_calls(&calls, format);
+                    if content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = serde_json::to_value(&tc).unwrap_or_default();
+                }
+                json!({
+                    "index": index,
+                    "message": message,
+                    "logprobs": if want_lp { chat_logprobs(tok, &toks) } else { Value::Null },
+                    "finish_reason": finish_reason(&fin, !calls.is_empty()),
+                    "stop_reason": stop_reason(&fin),
+                })
+            }
+            Kind::Completion => {
+                let (full, logprobs) = match &shape.echo {
+                    Some(e) => {
+                        let lp = (want_lp || plp.is_some()).then(|| {
+                            echo_logprobs(tok, e, plp.as_deref().unwrap_or_default(), &toks)
+                        });
+                        (format!("{}{text}", e.text), lp.unwrap_or(Value::Null))
+                    }
+                    None => {
+                        let lp = if want_lp {
+                            completion_logprobs(tok, &toks, &mut 0)
+                        } else {
+                            Value::Null
+                        };
+                        (text, lp)
+                    }
+                };
+                let mut c = json!({
+                    "index": index,
+                    "text": full,
+                    "logprobs": logprobs,
+                    "finish_reason": fin.stop.openai(),
+                    "stop_reason": stop_reason(&fin),
+                });
+                if shape.prompt_logprobs {
+                    c["prompt_logprobs"] = vllm_prompt_logprobs(tok, plp.as_deref());
+                }
+                c
+            }
+        };
+        choices.push(choice);
+    }
+    Ok(Collected {
+        choices,
+        scores,
+        last,
+        prompt_logprobs: plp,
+    })
+}
+
+/// Completions logprobs of an echoed prompt and its completion: the prompt's tokens first (the
+/// first with `null`: nothing predicts it), then the generated ones.
+pub(super) fn echo_logprobs(
+    tok: &dyn TextTokenizer,
+    echo: &Echo,
+    prompt: &[Sampled],
+    gen: &[Sampled],
+) -> Value {
+    let mut texts = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    let mut offset = 0usize;
+    for (i, &id) in echo.ids.iter().enumerate() {
+        let t = token_text(tok, id);
+        offsets.push(offset);
+        offset += t.len();
+        texts.push(t);
+        match i.checked_sub(1).and_then(|j| prompt.get(j)) {
+            Some(s) => {
+                lps.push(json!(s.logprob));
+                let top: Map<String, Value> = s
+                    .top_logprobs
+                    .iter()
+                    .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
+                    .collect();
+                tops.push(Value::Object(top));
+            }
+            None => {
+                lps.push(Value::Null);
+                tops.push(Value::Null);
+            }
+        }
+    }
+    let g = completion_logprobs(tok, gen, &mut offset);
+    let extend = |dst: &mut Vec<Value>, key: &str| {
+        if let Some(a) = g[key].as_array() {
+            dst.extend(a.iter().cloned());
+        }
+    };
+    let mut texts: Vec<Value> = texts.into_iter().map(Value::String).collect();
+    extend(&mut texts, "tokens");
+    extend(&mut lps, "token_logprobs");
+    extend(&mut tops, "top_logprobs");
+    let mut offsets: Vec<Value> = offsets.into_iter().map(|o| json!(o)).collect();
+    extend(&mut offsets, "text_offset");
+    json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first prompt token, then for each one
+/// `{"<id>": {"logprob", "rank", "decoded_token"}}` with the token and its alternatives (`rank`
+/// is known when the token is among them).
+pub(super) fn vllm_prompt_logprobs(tok: &dyn TextTokenizer, plp: Option<&[Sampled]>) -> Value {
+    let Some(plp) = plp else {
+        return Value::Null;
+    };
+    let mut out = vec![Value::Null];
+    for s in plp {
+        let mut m = Map::new();
+        let rank = s
+            .top_logprobs
+            .iter()
+            .position(|(id, _)| *id == s.token)
+            .map(|r| r + 1);
+        m.insert(
+            s.token.to_string(),
+            json!({"logprob": s.logprob, "rank": rank, "decoded_token": token_text(tok, s.token)}),
+        );
+        for (r, (id, lp)) in s.top_logprobs.iter().enumerate() {
+            m.entry(id.to_string()).or_insert_with(
+                || json!({"logprob": lp, "rank": r + 1, "decoded_token": token_text(tok, *id)}),
+            );
+        }
+        out.push(Value::Object(m));
+    }
+    Value::Array(out)
+}
+
+/// `tool_calls` when the answer called a tool and ended by itself, else the engine's reason.
+pub(super) fn finish_reason(fin: &Final, called: bool) -> &'static str {
+    match fin.stop {
+        crate::generate::StopKind::Eos | crate::generate::StopKind::StopString(_) if called => {
+            "tool_calls"
+        }
+        _ => fin.stop.openai(),
+    }
+}
+
+/// vLLM's `stop_reason`: the matched stop string, else null.
+pub(super) fn stop_reason(fin: &Final) -> Value {
+    match &fin.stop {
+        crate::generate::StopKind::StopString(s) => json!(s),
+        _ => Value::Null,
+    }
+}
