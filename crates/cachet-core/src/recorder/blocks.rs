@@ -5,11 +5,11 @@
 //! it" of an eviction read it.
 //!
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
-//! inspector, which is rare: what an entry's creation and eviction touch (its hash, its sibling
-//! links, its creator) is a 32-byte node, two to a cache line; what only queries read (times,
-//! hits, depth, root key) lives in a parallel array written once per entry; creators are ids
-//! into a small reference-counted table of labels ([`Creators`]), so an entry costs no atomic
-//! reference count on a label that may have gone cold long ago.
+//! inspector, which is rare: an entry is one 64-byte line, what its creation and eviction touch
+//! (its hash, its sibling links, its creator) first, what only queries read (times, hits, depth,
+//! root key) after it, left stale when the entry goes; creators are ids into a small
+//! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference count
+//! on a label that may have gone cold long ago.
 
 use std::sync::Arc;
 
@@ -81,6 +81,15 @@ const COLD: Cold = Cold {
     hits: 0,
     depth: 0,
 };
+
+/// An entry in one cache line: what the step touches, then what only queries read (written
+/// with the rest at creation, so a new entry costs one line and its tokens).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Slot {
+    n: Node,
+    c: Cold,
+}
 
 /// Labels of the requests that created entries (or that a kept lifecycle names as an evicted
 /// entry's owner), by id, each with a count of its holders: the live request itself, each
@@ -164,8 +173,7 @@ pub(crate) struct Sibling {
 #[derive(Debug, Default)]
 pub(crate) struct BlockIndex {
     b: usize,
-    nodes: Vec<Node>,
-    cold: Vec<Cold>,
+    slots: Vec<Slot>,
     tokens: Vec<TokenId>,
     root_first: u32,
     pub(crate) creators: Creators,
@@ -175,8 +183,7 @@ impl BlockIndex {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
         BlockIndex {
             b: block_size,
-            nodes: vec![EMPTY; num_blocks],
-            cold: vec![COLD; num_blocks],
+            slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             root_first: NONE,
             creators: Creators::default(),
@@ -184,7 +191,7 @@ impl BlockIndex {
     }
 
     fn n(&self, block: BlockId) -> Option<&Node> {
-        self.nodes.get(block as usize)
+        self.slots.get(block as usize).map(|s| &s.n)
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
@@ -204,7 +211,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first
         } else {
-            self.nodes[parent as usize].first_child
+            self.slots[parent as usize].n.first_child
         }
     }
 
@@ -212,12 +219,12 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first = v;
         } else {
-            self.nodes[parent as usize].first_child = v;
+            self.slots[parent as usize].n.first_child = v;
         }
     }
 
     fn unlink(&mut self, i: u32) {
-        let m = &self.nodes[i as usize];
+        let m = &self.slots[i as usize].n;
         if !m.linked() {
             return;
         }
@@ -225,24 +232,24 @@ impl BlockIndex {
         if prev == NONE {
             self.set_head(parent, next);
         } else {
-            self.nodes[prev as usize].next = next;
+            self.slots[prev as usize].n.next = next;
         }
         if next != NONE {
-            self.nodes[next as usize].prev = prev;
+            self.slots[next as usize].n.prev = prev;
         }
-        let m = &mut self.nodes[i as usize];
+        let m = &mut self.slots[i as usize].n;
         m.flags &= !LINKED;
         m.prev = NONE;
         m.next = NONE;
     }
 
     fn link_front(&mut self, i: u32) {
-        let parent = self.nodes[i as usize].parent;
+        let parent = self.slots[i as usize].n.parent;
         let head = self.head(parent);
         if head != NONE {
-            self.nodes[head as usize].prev = i;
+            self.slots[head as usize].n.prev = i;
         }
-        let m = &mut self.nodes[i as usize];
+        let m = &mut self.slots[i as usize].n;
         m.next = head;
         m.prev = NONE;
         m.flags |= LINKED;
@@ -265,10 +272,10 @@ impl BlockIndex {
         now: f64,
     ) {
         let i = block as usize;
-        if i >= self.nodes.len() || tokens.len() != self.b {
+        if i >= self.slots.len() || tokens.len() != self.b {
             return;
         }
-        if self.nodes[i].cached() {
+        if self.slots[i].n.cached() {
             if let Some(owner) = self.evicted(block) {
                 self.creators.release(owner);
             }
@@ -280,7 +287,7 @@ impl BlockIndex {
         };
         let orphan = depth > 0 && parent == NONE;
         self.creators.hold(creator);
-        self.nodes[i] = Node {
+        self.slots[i].n = Node {
             hash: wire_hash(&hash),
             parent,
             first_child: NONE,
@@ -289,7 +296,7 @@ impl BlockIndex {
             creator,
             flags: CACHED,
         };
-        self.cold[i] = Cold {
+        self.slots[i].c = Cold {
             created: now,
             last_hit: f64::NAN,
             root_key,
@@ -305,14 +312,14 @@ impl BlockIndex {
     /// A lookup found `block`: it becomes the most recently used of its siblings.
     pub(crate) fn hit(&mut self, block: BlockId, now: f64) {
         let i = block as usize;
-        let Some(m) = self.nodes.get(i) else {
+        let Some(m) = self.slots.get(i).map(|s| &s.n) else {
             return;
         };
         if !m.cached() {
             return;
         }
         let linked = m.linked();
-        let c = &mut self.cold[i];
+        let c = &mut self.slots[i].c;
         c.hits = c.hits.saturating_add(1);
         c.last_hit = now;
         if linked {
@@ -326,13 +333,13 @@ impl BlockIndex {
     /// orphans.
     pub(crate) fn evicted(&mut self, block: BlockId) -> Option<u32> {
         let i = block as usize;
-        if !self.nodes.get(i).is_some_and(|m| m.cached()) {
+        if !self.slots.get(i).is_some_and(|s| s.n.cached()) {
             return None;
         }
         self.unlink(block);
-        let mut c = self.nodes[i].first_child;
+        let mut c = self.slots[i].n.first_child;
         while c != NONE {
-            let m = &mut self.nodes[c as usize];
+            let m = &mut self.slots[c as usize].n;
             let next = m.next;
             m.parent = NONE;
             m.flags &= !LINKED;
@@ -340,21 +347,22 @@ impl BlockIndex {
             m.next = NONE;
             c = next;
         }
-        let creator = self.nodes[i].creator;
-        self.nodes[i] = EMPTY;
-        self.cold[i] = COLD;
+        // What only queries read is left as it was: nothing reads it of an uncached block, and
+        // the next entry here writes it anew.
+        let creator = self.slots[i].n.creator;
+        self.slots[i].n = EMPTY;
         (creator != NONE).then_some(creator)
     }
 
     /// Every entry was dropped.
     pub(crate) fn reset(&mut self) {
-        for i in 0..self.nodes.len() {
-            let creator = self.nodes[i].creator;
-            if self.nodes[i].cached() && creator != NONE {
+        for i in 0..self.slots.len() {
+            let creator = self.slots[i].n.creator;
+            if self.slots[i].n.cached() && creator != NONE {
                 self.creators.release(creator);
             }
-            self.nodes[i] = EMPTY;
-            self.cold[i] = COLD;
+            self.slots[i].n = EMPTY;
+            self.slots[i].c = COLD;
         }
         self.root_first = NONE;
     }
@@ -376,8 +384,8 @@ impl BlockIndex {
         let mut scanned = 0;
         while c != NONE && scanned < MAX_SCAN {
             scanned += 1;
-            let next = self.nodes[c as usize].next;
-            if parent.is_some() || self.cold[c as usize].root_key == root_key {
+            let next = self.slots[c as usize].n.next;
+            if parent.is_some() || self.slots[c as usize].c.root_key == root_key {
                 let theirs = &self.tokens[c as usize * self.b..(c as usize + 1) * self.b];
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });
@@ -399,29 +407,29 @@ impl BlockIndex {
     /// child), ties broken by depth.
     pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
-        for (i, m) in self.nodes.iter().enumerate() {
-            let hits = self.cold[i].hits;
+        for (i, m) in self.slots.iter().map(|s| &s.n).enumerate() {
+            let hits = self.slots[i].c.hits;
             if !m.cached() || hits == 0 {
                 continue;
             }
             let mut c = m.first_child;
             let mut extended = false;
             while c != NONE {
-                if self.cold[c as usize].hits >= hits {
+                if self.slots[c as usize].c.hits >= hits {
                     extended = true;
                     break;
                 }
-                c = self.nodes[c as usize].next;
+                c = self.slots[c as usize].n.next;
             }
             if !extended {
-                out.push((u64::from(hits), self.cold[i].depth, i as u32));
+                out.push((u64::from(hits), self.slots[i].c.depth, i as u32));
             }
         }
         out.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         out.truncate(n);
         out.into_iter()
             .map(|(hits, depth, i)| {
-                let (m, c) = (&self.nodes[i as usize], &self.cold[i as usize]);
+                let (m, c) = (&self.slots[i as usize].n, &self.slots[i as usize].c);
                 HotPrefix {
                     depth,
                     tokens: (depth as u64 + 1) * self.b as u64,
@@ -440,11 +448,11 @@ impl BlockIndex {
         let mut v = Vec::new();
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.nodes[p as usize].first_child,
+            Some(p) => self.slots[p as usize].n.first_child,
         };
         while c != NONE {
             v.push(c);
-            c = self.nodes[c as usize].next;
+            c = self.slots[c as usize].n.next;
         }
         v
     }
@@ -532,7 +540,10 @@ mod tests {
         assert_eq!(ix.creator(1).as_deref(), Some("a"));
         let owner = ix.evicted(1).unwrap();
         ix.creators.release(owner);
-        assert_eq!((ix.creators.live(), ix.creator(0).as_deref()), (1, Some("a")));
+        assert_eq!(
+            (ix.creators.live(), ix.creator(0).as_deref()),
+            (1, Some("a"))
+        );
         // Re-creating a block drops the entry it held, and its hold.
         let b = ix.creators.acquire(&"b".into());
         ix.created(0, h(2), 0, None, &[5, 6], 0, b, 1.0);

@@ -219,14 +219,16 @@ impl Ev {
 }
 
 /// Release the owners `events` hold.
-fn release_owners(creators: Option<&mut Creators>, events: &[Ev]) {
+fn release_owners(creators: Option<&mut Creators>, owners: impl Iterator<Item = u32>) {
     if let Some(c) = creators {
-        for e in events {
-            if e.owner != NONE {
-                c.release(e.owner);
-            }
+        for o in owners {
+            c.release(o);
         }
     }
+}
+
+fn owners_of(events: &[Ev]) -> impl Iterator<Item = u32> + '_ {
+    events.iter().map(|e| e.owner).filter(|&o| o != NONE)
 }
 
 /// A kept lifecycle, as recorded.
@@ -240,6 +242,8 @@ struct Kept {
     generation_tokens: u64,
     prefill_stats: Option<PrefillStats>,
     events: Vec<Ev>,
+    /// The owners its events hold (read when it is dropped, instead of its events).
+    owners: Vec<u32>,
     dropped: u64,
 }
 
@@ -252,6 +256,8 @@ pub(crate) struct RequestInsight {
     pub tenant: Option<usize>,
     pub root_key: u64,
     pub life: Option<Vec<Ev>>,
+    /// The owners of its lifecycle's `evicted` events, each held once.
+    pub owners: Vec<u32>,
     /// The request's id in the block index's creators (`NONE` until it creates an entry).
     pub creator: u32,
     pub dropped: u64,
@@ -270,6 +276,7 @@ impl Default for RequestInsight {
             tenant: None,
             root_key: 0,
             life: None,
+            owners: Vec::new(),
             creator: NONE,
             dropped: 0,
             miss: MissTokens::default(),
@@ -368,7 +375,7 @@ pub(crate) struct Insight {
     tenants: Option<Tenants>,
     history: VecDeque<Kept>,
     recent: VecDeque<RecentRequest>,
-    spare: Vec<Vec<Ev>>,
+    spare: Vec<(Vec<Ev>, Vec<u32>)>,
 }
 
 impl Insight {
@@ -409,6 +416,14 @@ impl Insight {
         adapter: Option<&str>,
         blocks: usize,
     ) -> RequestInsight {
+        let (life, owners) = if self.cfg.request_history > 0 {
+            let (mut v, o) = self.spare.pop().unwrap_or_default();
+            // Each block is hit, or allocated, filled and maybe evicted for.
+            v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
+            (Some(v), o)
+        } else {
+            (None, Vec::new())
+        };
         RequestInsight {
             tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
             root_key: if self.cfg.block_index {
@@ -416,12 +431,8 @@ impl Insight {
             } else {
                 0
             },
-            // Each block is hit, or allocated, filled and maybe evicted for.
-            life: (self.cfg.request_history > 0).then(|| {
-                let mut v = self.spare.pop().unwrap_or_default();
-                v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
-                v
-            }),
+            life,
+            owners,
             ..Default::default()
         }
     }
@@ -512,7 +523,7 @@ impl Insight {
             let in_pool = pool.lookup(h).is_some();
             if in_pool && j == cap && j == cached {
                 m.capped_for_logits += b as u64;
-            } else if in_pool || self.shadow.as_ref().is_some_and(|s| s.contains(h)) {
+            } else if in_pool || self.shadow.as_mut().is_some_and(|s| s.contains(h)) {
                 m.evicted += b as u64;
             } else {
                 m.never_cached += b as u64;
@@ -632,6 +643,9 @@ impl Insight {
                     );
                     ev.owner = owner.unwrap_or(NONE);
                     kept = ri.push(ev);
+                    if let (true, Some(o)) = (kept, owner) {
+                        ri.owners.push(o);
+                    }
                 }
             }
             if let (false, Some(o), Some(ix)) = (kept, owner, self.index.as_mut()) {
@@ -811,10 +825,11 @@ impl Insight {
                 h.dropped += (events.len() - room) as u64;
                 release_owners(
                     self.index.as_mut().map(|ix| &mut ix.creators),
-                    &events[room..],
+                    owners_of(&events[room..]),
                 );
                 events.truncate(room);
             }
+            h.owners.extend(owners_of(&events));
             h.events.extend_from_slice(&events);
             h.generation_tokens += generation_tokens;
             if primary {
@@ -822,13 +837,16 @@ impl Insight {
                 h.finish_reason = reason;
                 h.prompt_tokens = prompt_tokens;
             }
-            self.recycle(events);
+            self.recycle(events, ri.owners);
             return;
         }
         if self.history.len() >= self.cfg.request_history {
             if let Some(old) = self.history.pop_front() {
-                release_owners(self.index.as_mut().map(|ix| &mut ix.creators), &old.events);
-                self.recycle(old.events);
+                release_owners(
+                    self.index.as_mut().map(|ix| &mut ix.creators),
+                    old.owners.iter().copied(),
+                );
+                self.recycle(old.events, old.owners);
             }
         }
         self.history.push_back(Kept {
@@ -840,15 +858,17 @@ impl Insight {
             generation_tokens,
             prefill_stats: stats,
             events,
+            owners: ri.owners,
             dropped: ri.dropped,
         });
     }
 
     /// Keep a lifecycle buffer whose events are released for a new request.
-    fn recycle(&mut self, mut events: Vec<Ev>) {
+    fn recycle(&mut self, mut events: Vec<Ev>, mut owners: Vec<u32>) {
         if self.spare.len() < SPARE_BUFFERS && events.capacity() > 0 {
             events.clear();
-            self.spare.push(events);
+            owners.clear();
+            self.spare.push((events, owners));
         }
     }
 

@@ -33,6 +33,20 @@ use crate::stats::{
 };
 use insight::{Insight, RequestInsight};
 
+/// Hint the CPU to load the cache line holding `v` (no effect on results).
+#[inline(always)]
+pub(crate) fn prefetch<T>(v: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults, and `v` is a valid reference anyway.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            (v as *const T).cast::<i8>(),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = v;
+}
+
 /// Session-cumulative numbers: the sum over a session's turns, this one included.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SessionTotals {

@@ -17,10 +17,21 @@
 //!
 //! Keys are the first 8 bytes of the block hash (a cryptographic hash: a collision among the
 //! few thousand keys held is negligible, and would only mislabel one block's miss reason).
+//!
+//! Layout. The entries are a FIFO ring by sequence number (keys, and a byte of flags apart: the
+//! regions' fronts walk the flags); each key's latest sequence number is found through a table
+//! of 64-byte buckets (seven slots of a 32-bit tag and the low 32 bits of a sequence number, and
+//! an overflow mark). Expiry is lazy: a slot whose sequence number has left the ring's window is
+//! free, so an entry that ages out costs nothing, and remembering an eviction touches one
+//! bucket. A bucket that overflowed into the next one keeps the newest sequence number that
+//! went past it, so a lookup goes on to the next bucket only while that one is still in the
+//! window. A tag match is confirmed against the ring: the set is exact. Entries reach the table
+//! in order at the next lookup (one batch, its buckets prefetched), so the misses of a step's
+//! evictions overlap, and an entry that ages out before any lookup never reaches it.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::collections::VecDeque;
 
+use super::prefetch;
 use crate::hash::BlockHash;
 
 /// The first 8 bytes of a block hash, as the shadow set's key.
@@ -30,35 +41,43 @@ pub(crate) fn key(h: &BlockHash) -> u64 {
     u64::from_le_bytes(w)
 }
 
-/// Keys are already uniform: no second hash.
-#[derive(Default)]
-pub(crate) struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
-
-pub(crate) type IdMap<V> = HashMap<u64, V, BuildHasherDefault<IdHasher>>;
-
 /// The scales estimated: a pool 2x and 4x as large.
 pub(crate) const SCALES: [usize; 2] = [2, 4];
 
+/// The entry holds a key (else: a block the small pool took that held no cache entry).
+const HAS_KEY: u8 = 1;
+/// Taken from the victim region of scale `i` as a hit: `TAKEN << i`.
+const TAKEN: u8 = 2;
+
+const SLOTS: usize = 7;
+
+/// Seven (tag, sequence) slots and an overflow mark: one cache line.
 #[derive(Clone, Copy, Debug)]
-struct Entry {
-    /// `None`: a block the small pool took that held no cache entry.
-    key: Option<u64>,
-    /// Taken from the victim region of scale `i` as a hit.
-    taken: [bool; 2],
+#[repr(C, align(64))]
+struct Bucket {
+    /// 0: never used (a live tag is odd).
+    tags: [u32; SLOTS],
+    seqs: [u32; SLOTS],
+    /// The newest sequence number placed past this bucket, when `overflowed`.
+    over: u32,
+    overflowed: u32,
+}
+
+const BUCKET: Bucket = Bucket {
+    tags: [0; SLOTS],
+    seqs: [0; SLOTS],
+    over: 0,
+    overflowed: 0,
+};
+
+/// Stale slots are cleared this often (in entries), so a 32-bit sequence number is never
+/// mistaken for one 2^32 entries later.
+const SWEEP_EVERY: u64 = 1 << 30;
+/// The most entries a shadow keeps (the window must stay well under 2^31).
+const MAX_CAP: usize = 1 << 29;
+
+fn tag(k: u64) -> u32 {
+    (k >> 32) as u32 | 1
 }
 
 /// The victim region of one larger pool, as a window of the shadow's entries.
@@ -87,11 +106,14 @@ impl Ghost {
 
 #[derive(Debug)]
 pub(crate) struct Shadow {
-    /// Entries by sequence number: `entries[i]` has number `base + i`.
-    entries: VecDeque<Entry>,
+    /// Entries by sequence number: `keys[i]` and `flags[i]` have number `base + i`.
+    keys: VecDeque<u64>,
+    flags: VecDeque<u8>,
     base: u64,
-    /// Latest sequence number of each key in `entries`.
-    seq_of: IdMap<u64>,
+    /// Entries from this sequence number on are not in the table yet.
+    pending: u64,
+    /// Latest sequence number of each key in `entries`, with lazy expiry.
+    table: Vec<Bucket>,
     /// Most entries kept (`--eviction-shadow-blocks`).
     cap: usize,
     ghosts: [Ghost; 2],
@@ -100,48 +122,206 @@ pub(crate) struct Shadow {
 impl Shadow {
     /// A shadow of `cap` entries for a pool of `num_blocks` blocks.
     pub(crate) fn new(num_blocks: usize, cap: usize) -> Self {
+        let cap = cap.min(MAX_CAP);
         let ghost = |k: usize| Ghost::new(((k - 1) * num_blocks).min(cap), 0);
         Shadow {
-            entries: VecDeque::new(),
+            keys: VecDeque::new(),
+            flags: VecDeque::new(),
             base: 0,
-            seq_of: IdMap::default(),
+            pending: 0,
+            // Grown with the window (rebuilt from the ring, doubling).
+            table: vec![BUCKET; 1],
             cap,
             ghosts: [ghost(SCALES[0]), ghost(SCALES[1])],
         }
     }
 
+    /// Buckets for a window of `n` entries: at most half the slots live.
+    fn buckets_for(n: usize) -> usize {
+        (2 * n).div_ceil(SLOTS).next_power_of_two().max(1)
+    }
+
     fn next(&self) -> u64 {
-        self.base + self.entries.len() as u64
+        self.base + self.keys.len() as u64
+    }
+
+    /// The sequence number a slot holds, when it is in the window.
+    #[inline]
+    fn in_window(&self, s: u32) -> Option<u64> {
+        let next = self.next();
+        let d = u64::from((next as u32).wrapping_sub(s));
+        (d >= 1 && d <= next - self.base).then(|| next - d)
+    }
+
+    fn flags_at(&self, seq: u64) -> Option<u8> {
+        self.flags
+            .get(seq.checked_sub(self.base)? as usize)
+            .copied()
+    }
+
+    /// The key of entry `seq`, if it is in the window and has one.
+    fn key_at(&self, seq: u64) -> Option<u64> {
+        let i = seq.checked_sub(self.base)? as usize;
+        (self.flags.get(i)? & HAS_KEY != 0).then(|| self.keys[i])
+    }
+
+    fn is_of(&self, seq: u64, k: u64) -> bool {
+        self.key_at(seq) == Some(k)
+    }
+
+    /// Put the pending entries in the table, in order, their buckets prefetched a few ahead.
+    fn flush(&mut self) {
+        const AHEAD: u64 = 8;
+        let next = self.next();
+        let from = self.pending.max(self.base);
+        self.pending = next;
+        let mask = self.table.len() - 1;
+        for s in from..(from + AHEAD).min(next) {
+            if let Some(k) = self.key_at(s) {
+                prefetch(&self.table[k as usize & mask]);
+            }
+        }
+        for s in from..next {
+            if let Some(k) = self.key_at(s + AHEAD) {
+                prefetch(&self.table[k as usize & mask]);
+            }
+            if let Some(k) = self.key_at(s) {
+                self.insert(k, s);
+            }
+        }
+    }
+
+    /// The latest sequence number of key `k` in the window.
+    fn find(&self, k: u64) -> Option<u64> {
+        let mask = self.table.len() - 1;
+        let t = tag(k);
+        let mut b = k as usize & mask;
+        for _ in 0..self.table.len() {
+            let bk = &self.table[b];
+            for i in 0..SLOTS {
+                if bk.tags[i] == t {
+                    if let Some(seq) = self.in_window(bk.seqs[i]) {
+                        if self.is_of(seq, k) {
+                            return Some(seq);
+                        }
+                    }
+                }
+            }
+            if bk.overflowed == 0 || self.in_window(bk.over).is_none() {
+                return None;
+            }
+            b = (b + 1) & mask;
+        }
+        None
+    }
+
+    /// Key `k`'s latest sequence number is now `seq` (newer than any in the table).
+    fn insert(&mut self, k: u64, seq: u64) {
+        let mask = self.table.len() - 1;
+        let t = tag(k);
+        let home = k as usize & mask;
+        let mut b = home;
+        let mut free = None;
+        let mut at = None;
+        'chain: for _ in 0..self.table.len() {
+            let bk = &self.table[b];
+            for i in 0..SLOTS {
+                match (bk.tags[i] != 0)
+                    .then(|| self.in_window(bk.seqs[i]))
+                    .flatten()
+                {
+                    Some(s) if bk.tags[i] == t && self.is_of(s, k) => {
+                        at = Some((b, i));
+                        break 'chain;
+                    }
+                    Some(_) => {}
+                    None => {
+                        if free.is_none() {
+                            free = Some((b, i));
+                        }
+                    }
+                }
+            }
+            if bk.overflowed == 0 || self.in_window(bk.over).is_none() {
+                break;
+            }
+            b = (b + 1) & mask;
+        }
+        let (tb, ti) = match at.or(free) {
+            Some(p) => p,
+            None => loop {
+                // Past the chain's end: the first bucket with room (the table is at most half
+                // full, so there is one).
+                b = (b + 1) & mask;
+                let bk = &self.table[b];
+                let room =
+                    (0..SLOTS).find(|&i| bk.tags[i] == 0 || self.in_window(bk.seqs[i]).is_none());
+                if let Some(i) = room {
+                    break (b, i);
+                }
+            },
+        };
+        let mut p = home;
+        while p != tb {
+            let bk = &mut self.table[p];
+            bk.over = seq as u32;
+            bk.overflowed = 1;
+            p = (p + 1) & mask;
+        }
+        let bk = &mut self.table[tb];
+        bk.tags[ti] = t;
+        bk.seqs[ti] = seq as u32;
+    }
+
+    /// Room for the window, and no stale 32-bit sequence number: rebuilt from the ring when
+    /// the window outgrew the table, swept every `SWEEP_EVERY` entries.
+    fn maintain(&mut self) {
+        let window = self.keys.len();
+        if window * 2 > self.table.len() * SLOTS {
+            self.table = vec![BUCKET; Self::buckets_for(window)];
+            self.pending = self.base;
+        } else if self.next().is_multiple_of(SWEEP_EVERY) {
+            for b in 0..self.table.len() {
+                for i in 0..SLOTS {
+                    if self.in_window(self.table[b].seqs[i]).is_none() {
+                        self.table[b].tags[i] = 0;
+                    }
+                }
+                if self.in_window(self.table[b].over).is_none() {
+                    self.table[b].overflowed = 0;
+                }
+            }
+        }
     }
 
     /// Whether `h` was evicted within the last `cap` blocks taken.
-    pub(crate) fn contains(&self, h: &BlockHash) -> bool {
-        self.seq_of.contains_key(&key(h))
+    pub(crate) fn contains(&mut self, h: &BlockHash) -> bool {
+        self.flush();
+        self.find(key(h)).is_some()
     }
 
     /// Whether the pool of scale `SCALES[g]` would still hold `h` (it is in its victim region).
-    pub(crate) fn ghost_holds(&self, g: usize, h: &BlockHash) -> bool {
-        let Some(&seq) = self.seq_of.get(&key(h)) else {
+    pub(crate) fn ghost_holds(&mut self, g: usize, h: &BlockHash) -> bool {
+        self.flush();
+        let Some(seq) = self.find(key(h)) else {
             return false;
         };
-        seq >= self.ghosts[g].front
-            && self
-                .entries
-                .get((seq - self.base) as usize)
-                .is_some_and(|e| !e.taken[g])
+        seq >= self.ghosts[g].front && self.flags_at(seq).is_some_and(|f| f & (TAKEN << g) == 0)
     }
 
     /// The larger pool found `h` in its victim region: it leaves the region (in use there).
     pub(crate) fn ghost_take(&mut self, g: usize, h: &BlockHash) {
-        let Some(&seq) = self.seq_of.get(&key(h)) else {
+        self.flush();
+        let Some(seq) = self.find(key(h)) else {
             return;
         };
         if seq < self.ghosts[g].front {
             return;
         }
-        if let Some(e) = self.entries.get_mut((seq - self.base) as usize) {
-            if !e.taken[g] {
-                e.taken[g] = true;
+        let i = (seq - self.base) as usize;
+        if let Some(f) = self.flags.get_mut(i) {
+            if *f & (TAKEN << g) == 0 {
+                *f |= TAKEN << g;
                 self.ghosts[g].live -= 1;
             }
         }
@@ -166,14 +346,9 @@ impl Shadow {
     }
 
     fn push(&mut self, k: Option<u64>) {
-        let seq = self.next();
-        if let Some(k) = k {
-            self.seq_of.insert(k, seq);
-        }
-        self.entries.push_back(Entry {
-            key: k,
-            taken: [false; 2],
-        });
+        self.keys.push_back(k.unwrap_or(0));
+        self.flags.push_back(if k.is_some() { HAS_KEY } else { 0 });
+        self.maintain();
         for g in &mut self.ghosts {
             g.live += 1;
         }
@@ -201,9 +376,8 @@ impl Shadow {
                     }
                 }
                 let taken = self
-                    .entries
-                    .get((g.front - self.base) as usize)
-                    .is_some_and(|e| e.taken[gi]);
+                    .flags_at(g.front)
+                    .is_some_and(|f| f & (TAKEN << gi) != 0);
                 let g = &mut self.ghosts[gi];
                 if !taken {
                     g.live -= 1;
@@ -211,21 +385,14 @@ impl Shadow {
                 g.front += 1;
             }
         }
-        // `contains` remembers the last `cap` entries; no region reaches further back.
+        // `contains` remembers the last `cap` entries; no region reaches further back. What
+        // ages out of the ring leaves the table by itself.
         let lo = next.saturating_sub(self.cap as u64);
-        while self.base < lo {
-            let Some(e) = self.entries.pop_front() else {
-                break;
-            };
-            if let Some(k) = e.key {
-                // One probe: remove only if this entry is still the key's latest.
-                if let std::collections::hash_map::Entry::Occupied(o) = self.seq_of.entry(k) {
-                    if *o.get() == self.base {
-                        o.remove();
-                    }
-                }
-            }
-            self.base += 1;
+        if self.base < lo {
+            let n = ((lo - self.base) as usize).min(self.keys.len());
+            self.keys.drain(..n);
+            self.flags.drain(..n);
+            self.base += n as u64;
         }
     }
 
@@ -242,6 +409,17 @@ impl Shadow {
     #[cfg(test)]
     fn live(&self, g: usize) -> usize {
         self.ghosts[g].live
+    }
+
+    /// Tests: table slots holding a key of the window.
+    #[cfg(test)]
+    fn keys_held(&mut self) -> usize {
+        self.flush();
+        self.table
+            .iter()
+            .flat_map(|b| (0..SLOTS).map(move |i| (b.tags[i], b.seqs[i])))
+            .filter(|&(t, s)| t != 0 && self.in_window(s).is_some())
+            .count()
     }
 }
 
@@ -313,8 +491,8 @@ mod tests {
             s.ghost_take(0, &x);
             s.ghost_take(1, &x);
             s.trim();
-            assert!(s.entries.len() <= 8, "{}", s.entries.len());
-            assert!(s.seq_of.len() <= 8);
+            assert!(s.keys.len() <= 8, "{}", s.keys.len());
+            assert!(s.keys_held() <= 8);
         }
     }
 }
