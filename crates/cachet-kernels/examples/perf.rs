@@ -1,6 +1,6 @@
 //! Quick timing of single matmul shapes: `cargo run --release -p cachet-kernels --example perf`.
 //! `MODEL=1,16,512`: the default model's matmul set; `ATTN=512,1000`: decode attention of one
-//! layer; `PREFILL_ATTN=512`; `ATTN_BATCH=16x144`: batched decode attention over 30 layers.
+//! layer; `PREFILL_ATTN=512` (or `16@1984`: 16 tokens after 1,984 cached positions); `ATTN_BATCH=16x144`: batched decode attention over 30 layers.
 use std::time::Instant;
 
 use cachet_kernels::{QMatrix, ThreadPool, WeightType};
@@ -148,11 +148,11 @@ fn attention(depth: usize) {
     );
 }
 
-/// Prefill attention of one layer: `n` tokens from position 0, f16 KV.
-fn attention_prefill(n: usize) {
+/// Prefill attention of one layer: `n` tokens from position `start`, f16 KV.
+fn attention_prefill(n: usize, start: usize) {
     use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
-    let nblk = n.div_ceil(bs);
+    let nblk = (start + n).div_ceil(bs);
     let table: Vec<u32> = (0..nblk as u32).collect();
     let len = nblk * bs * nkv * hd;
     let kh: Vec<f16> = (0..len)
@@ -169,18 +169,19 @@ fn attention_prefill(n: usize) {
         n_heads: nh,
         n_kv_heads: nkv,
         head_dim: hd,
-        start_pos: 0,
+        start_pos: start,
         n_tokens: n,
         scale: 0.125,
     };
-    let iters = 5;
+    let iters = if start > 0 { 50 } else { 5 };
+    paged_attention(&args, &q, &kh, &vh, &mut out);
     let c0 = cpu_time();
     for _ in 0..iters {
         paged_attention(&args, &q, &kh, &vh, &mut out);
     }
     let dt = (cpu_time() - c0) / iters as f64;
     println!(
-        "prefill attention {n} tokens (one layer, f16 KV): {:.2} ms cpu; x30 layers = {:.0} ms",
+        "prefill attention {n} tokens after {start} (one layer, f16 KV): {:.3} ms cpu; x30 layers = {:.1} ms",
         dt * 1e3,
         dt * 30e3
     );
@@ -249,7 +250,9 @@ fn main() {
         return;
     }
     if let Ok(n) = std::env::var("PREFILL_ATTN") {
-        attention_prefill(n.parse().unwrap_or(512));
+        // `PREFILL_ATTN=N` or `N@START` (a short chunk after START cached positions).
+        let (n, start) = n.split_once('@').unwrap_or((&n, "0"));
+        attention_prefill(n.parse().unwrap_or(512), start.parse().unwrap_or(0));
         return;
     }
     if let Ok(ds) = std::env::var("ATTN") {

@@ -1,9 +1,13 @@
 //! Throughput of the default model on this machine:
-//! `cargo run --release -p cachet-model --example bench [-- THREADS] [--exact] [--batch=N]`.
+//! `cargo run --release -p cachet-model --example bench [-- THREADS] [--exact] [--batch=N]
+//! [--chunk=M@CTX]`.
 //!
 //! * prefill: one 512-token prompt in a single step (tokens/s);
 //! * decode at batch 1 and 16: 32 greedy steps after a 128-token prompt (generated tokens/s),
-//!   the shape of `cachet bench kernel`'s batched rows.
+//!   the shape of `cachet bench kernel`'s batched rows;
+//! * `--chunk=M@CTX` (only this): the last M tokens of a prompt computed after CTX positions
+//!   of KV are in place (a cached-prefix TTFT step; `--chunk=16@1984` is the 2,000-token
+//!   prompt after a KV load), best of 7 and its per-phase profile.
 
 use std::time::Instant;
 
@@ -143,6 +147,41 @@ fn main() {
         })
         .expect("executor");
     let params = SamplingParams::greedy(1);
+
+    // `--chunk=M@CTX`: one short chunk over a long cached context.
+    if let Some((mq, ctx)) = args.iter().find_map(|a| {
+        let (m, c) = a.strip_prefix("--chunk=")?.split_once('@')?;
+        Some((m.parse::<usize>().ok()?, c.parse::<usize>().ok()?))
+    }) {
+        let mut s = seqs(1, ctx + mq, ctx + mq + 8);
+        s[0].tokens.truncate(ctx);
+        step(&mut e, &mut s, &params); // the context's KV
+        let full = seqs(1, ctx + mq, ctx + mq + 8);
+        let (mut best, mut all) = (f64::MAX, Vec::new());
+        for rep in 0..8 {
+            if rep == 1 {
+                e.set_profiling(true); // the first run warms up
+            }
+            s[0].tokens = full[0].tokens.clone();
+            s[0].computed = ctx;
+            let t = Instant::now();
+            step(&mut e, &mut s, &params);
+            let dt = t.elapsed().as_secs_f64();
+            if rep > 0 {
+                best = best.min(dt);
+                all.push(dt * 1000.0);
+            }
+        }
+        all.sort_by(f64::total_cmp);
+        println!(
+            "chunk of {mq} after {ctx}: best {:.2} ms, median {:.2} ms, max {:.2} ms",
+            best * 1000.0,
+            all[all.len() / 2],
+            all[all.len() - 1]
+        );
+        print_profile(&e, all.len() as f64);
+        return;
+    }
 
     // Prefill: 512 tokens in one step (warm up once); skipped with `--batch=N`.
     if !args.iter().any(|a| a.starts_with("--batch=")) {
