@@ -55,6 +55,15 @@ pub struct SampleSpec<'a> {
     /// Independent draws from these logits (n > 1 forks a request into n sequences at its
     /// first token: draw `i` uses the seed `params.seed + i`). 1 almost always.
     pub n: u32,
+    /// Speculative decoding: draft tokens `d1..dk`, which are also the chunk's last `k` tokens
+    /// (the chunk is `[last token, d1..dk]` at positions `p..=p+k`; empty without drafts, and
+    /// always with `n > 1`). The executor computes the logits of all `k + 1` positions in the
+    /// one forward and samples position 0 as usual; while the token sampled at position `j`
+    /// equals `d(j+1)` it samples position `j + 1` too, with `d1..d(j+1)` counted as output
+    /// (penalties, a seeded draw's position). The first token is [`ExecOutput::sampled`], the
+    /// others [`ExecOutput::spec`]: each is a draw from the model given the committed prefix,
+    /// so greedy output equals plain decoding and sampled output is distributed as it.
+    pub drafts: &'a [TokenId],
 }
 
 /// KV bytes an executor must write into a block before it runs the step's chunks.
@@ -86,6 +95,10 @@ pub struct ExecOutput {
     pub forks: Vec<(usize, Vec<Sampled>)>,
     /// Chunks with prompt logprobs: (index in `batch.seqs`, one entry per target, in order).
     pub prompt_logprobs: Vec<(usize, Vec<Sampled>)>,
+    /// Chunks with drafts whose first sampled token equalled `d1`: (index in `batch.seqs`, the
+    /// tokens sampled at positions `1..`, in order). Entry `j` was sampled after `d(j+1)`, and
+    /// every entry but the last equals the next draft: `len()` drafts were accepted.
+    pub spec: Vec<(usize, Vec<Sampled>)>,
 }
 
 impl From<Vec<Option<Sampled>>> for ExecOutput {

@@ -30,6 +30,7 @@ pub mod recorder;
 pub mod request;
 pub mod scheduler;
 pub mod sessions;
+pub use scheduler::spec;
 pub mod stats;
 
 pub use block_pool::BlockPool;

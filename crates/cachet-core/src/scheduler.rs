@@ -19,7 +19,7 @@ use thiserror::Error;
 
 use crate::block_pool::Evicted;
 use crate::connector::{KvLoadRequest, KvLookup, TierTag};
-use crate::exec::{ExecBatch, ExecOutput, PromptLogprobsSpec, SampleSpec, Sampled, SeqChunk};
+use crate::exec::Sampled;
 use crate::hash::{BlockHash, ExtraKeys, HashSeed};
 use crate::kv_manager::{KvCacheManager, KvEffects, ReqKv};
 use crate::observe::{Effect, Lookup, Observer};
@@ -28,6 +28,15 @@ use crate::request::{FinishReason, SamplingParams, ValidRequest};
 use crate::sessions::{SessionInfo, SessionTable};
 use crate::stats::Gauges;
 use crate::{BlockId, TokenId};
+
+#[path = "fork.rs"]
+mod fork;
+#[path = "spec.rs"]
+pub mod spec;
+#[path = "step.rs"]
+mod step;
+
+use spec::{SpecConfig, SpecDecodeStats, SpecState};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SchedulingPolicy {
@@ -64,6 +73,8 @@ pub struct SchedulerConfig {
     pub report_evictions: bool,
     /// List after each update the blocks that became new cache entries (a tier saves them).
     pub report_new_entries: bool,
+    /// Prompt-lookup speculative decoding (off: `None`).
+    pub speculative: Option<SpecConfig>,
 }
 
 impl Default for SchedulerConfig {
@@ -83,6 +94,7 @@ impl Default for SchedulerConfig {
             session_kv_budget_blocks: 512,
             report_evictions: false,
             report_new_entries: false,
+            speculative: None,
         }
     }
 }
@@ -115,6 +127,8 @@ pub struct ScheduledChunk {
     pub num_tokens: usize,
     /// The chunk reaches the end of the known tokens: a token is sampled.
     pub sample: bool,
+    /// Draft tokens at the end of the chunk (speculative decoding; counted in `num_tokens`).
+    pub drafts: usize,
 }
 
 /// The plan of one step.
@@ -214,6 +228,8 @@ struct Request {
     /// Prompt logprobs asked for (alternatives per token), and those computed so far.
     prompt_lp: Option<u32>,
     prompt_lps: Vec<Sampled>,
+    /// Speculative decoding: the planned chunk's drafts and the request's counts.
+    spec: SpecState,
 }
 
 impl Request {
@@ -251,6 +267,8 @@ pub struct Scheduler<O: Observer = ()> {
     new_entries: Vec<(BlockId, BlockHash)>,
     /// Copies owed to forked sequences, handed out with the next plan.
     pending_copies: Vec<(BlockId, BlockId)>,
+    /// Speculation counts since the last `take_spec_stats`.
+    spec_stats: SpecDecodeStats,
     obs: O,
 }
 
@@ -277,6 +295,7 @@ impl<O: Observer> Scheduler<O> {
             fx: KvEffects::default(),
             new_entries: Vec::new(),
             pending_copies: Vec::new(),
+            spec_stats: SpecDecodeStats::default(),
             obs: observer,
         }
     }
@@ -413,6 +432,7 @@ impl<O: Observer> Scheduler<O> {
             seq: 0,
             prompt_lp: d.prompt_logprobs,
             prompt_lps: Vec::new(),
+            spec: SpecState::default(),
         };
         self.obs.observe(Effect::Arrived {
             slot,
@@ -523,15 +543,23 @@ impl<O: Observer> Scheduler<O> {
                 }
             }
             if scheduled {
-                if let Some(r) = self.slots[slot as usize].as_ref() {
+                let mut drafts = 0;
+                if let Some(r) = self.slots[slot as usize].as_mut() {
+                    if let Some(sc) = &self.cfg.speculative {
+                        if n == 1 && spec::eligible(r) {
+                            let slots = r.kv.blocks.len() * self.cfg.block_size;
+                            drafts = spec::plan(sc, &self.cfg, r, slots, budget - 1);
+                        }
+                    }
                     out.chunks.push(ScheduledChunk {
                         slot,
                         start_pos: r.num_computed,
-                        num_tokens: n,
+                        num_tokens: n + drafts,
                         sample: r.num_computed + n == r.tokens.len() && r.sampling.max_tokens > 0,
+                        drafts,
                     });
                 }
-                budget -= n;
+                budget -= n + drafts;
                 i += 1;
             }
         }
@@ -662,6 +690,7 @@ impl<O: Observer> Scheduler<O> {
             start_pos: num_computed,
             num_tokens: n,
             sample: num_computed + n == total && r.sampling.max_tokens > 0,
+            drafts: 0,
         });
         Some(Admission::Running(n))
     }
@@ -747,269 +776,6 @@ impl<O: Observer> Scheduler<O> {
         r.status = Status::Waiting;
         self.obs.observe(Effect::Preempted { slot });
         self.waiting.push_front(slot);
-    }
-
-    /// Borrowed views of a plan's chunks for the executor (the engine adds the loads).
-    pub fn exec_batch<'a>(&'a self, out: &SchedulerOutput) -> ExecBatch<'a> {
-        let seqs = out
-            .chunks
-            .iter()
-            .filter_map(|c| {
-                let r = self.slot(c.slot)?;
-                let end = c.start_pos + c.num_tokens;
-                let prompt_logprobs = match r.prompt_lp {
-                    Some(top) if c.start_pos < r.prompt_len => Some(PromptLogprobsSpec {
-                        targets: &r.tokens[c.start_pos + 1..(end + 1).min(r.prompt_len)],
-                        top,
-                    }),
-                    _ => None,
-                };
-                Some(SeqChunk {
-                    slot: c.slot,
-                    tokens: &r.tokens[c.start_pos..end],
-                    start_pos: c.start_pos,
-                    block_table: &r.kv.blocks,
-                    sample: c.sample.then(|| SampleSpec {
-                        params: &r.sampling,
-                        prompt: &r.tokens[..r.prompt_len],
-                        output: &r.tokens[r.prompt_len..],
-                        n: if r.has_output() { 1 } else { r.fork_n },
-                    }),
-                    prompt_logprobs,
-                })
-            })
-            .collect();
-        ExecBatch {
-            copies: out.copies.clone(),
-            loads: Vec::new(),
-            seqs,
-        }
-    }
-
-    /// Apply a step's results: advance computed tokens, commit full blocks, append sampled
-    /// tokens, fork sequences, finish requests. `results.sampled[i]` belongs to `out.chunks[i]`.
-    pub fn update(
-        &mut self,
-        out: &SchedulerOutput,
-        results: ExecOutput,
-        now: f64,
-    ) -> Vec<RequestUpdate> {
-        let ExecOutput {
-            sampled,
-            mut forks,
-            mut prompt_logprobs,
-        } = results;
-        let mut updates = Vec::with_capacity(out.chunks.len());
-        for (ci, (chunk, res)) in out
-            .chunks
-            .iter()
-            .zip(sampled.into_iter().chain(std::iter::repeat_with(|| None)))
-            .enumerate()
-        {
-            let slot = chunk.slot;
-            let Some(r) = self.slots[slot as usize].as_mut() else {
-                continue;
-            };
-            if r.status != Status::Running || r.num_computed != chunk.start_pos {
-                continue; // stale plan entry (request gone or re-planned)
-            }
-            r.num_computed += chunk.num_tokens;
-            let prefill = !r.has_output();
-            if r.prompt_lp.is_some() {
-                if let Some(k) = prompt_logprobs.iter().position(|(i, _)| *i == ci) {
-                    let lps = prompt_logprobs.swap_remove(k).1;
-                    // Entry j is the logprob of the token at start + 1 + j; a re-prefill after a
-                    // preemption recomputes ones already kept.
-                    let have = r.prompt_lps.len() + 1;
-                    let skip = have.saturating_sub(chunk.start_pos + 1);
-                    r.prompt_lps.extend(lps.into_iter().skip(skip));
-                }
-            }
-            self.fx.filled = 0;
-            self.fx.created.clear();
-            self.fx.committed_until = 0;
-            let filled = self
-                .kv
-                .commit(&mut r.kv, &r.tokens, r.num_computed, &mut self.fx);
-            if prefill || filled {
-                self.obs.observe(Effect::Computed {
-                    slot,
-                    now,
-                    prefill,
-                    kv: &self.fx,
-                    hashes: r.kv.hashes(),
-                    tokens: &r.tokens,
-                    blocks: &r.kv.blocks,
-                    pool: self.kv.pool(),
-                });
-                if self.cfg.report_new_entries {
-                    for &i in &self.fx.created {
-                        self.new_entries
-                            .push((r.kv.blocks[i as usize], r.kv.hashes()[i as usize]));
-                    }
-                }
-            }
-            if r.sampling.max_tokens == 0 && r.num_computed >= r.prompt_len {
-                // Only prompt logprobs were wanted: the prompt ran, nothing is generated.
-                let lps = std::mem::take(&mut r.prompt_lps);
-                let mut u = self.finish_slot(slot, FinishReason::Length, now);
-                u.prompt_logprobs = Some(Box::new(lps));
-                updates.push(u);
-                continue;
-            }
-            if !chunk.sample {
-                continue;
-            }
-            let Some(sampled) = res else {
-                // The executor owed a token and gave none: end the request rather than loop.
-                updates.push(self.finish_slot(slot, FinishReason::Error, now));
-                continue;
-            };
-            r.tokens.push(sampled.token);
-            let lps = (prefill && r.prompt_lp.is_some())
-                .then(|| Box::new(std::mem::take(&mut r.prompt_lps)));
-            let draws = if prefill && r.fork_n > 1 {
-                r.fork_n = 1;
-                forks
-                    .iter()
-                    .position(|(i, _)| *i == ci)
-                    .map(|k| forks.swap_remove(k).1)
-            } else {
-                None
-            };
-            self.obs.observe(Effect::Sampled {
-                slot,
-                now,
-                first: prefill,
-            });
-            let mut u = match self.check_stop(slot, sampled.token) {
-                Some(reason) => self.finish_slot(slot, reason, now),
-                None => {
-                    let r = self.slot(slot);
-                    let mut u =
-                        RequestUpdate::new(slot, r.map_or(0, |r| r.handle), r.map_or(0, |r| r.seq));
-                    if prefill {
-                        u.session = r.and_then(|r| r.session.clone());
-                    }
-                    u
-                }
-            };
-            u.token = Some(sampled);
-            u.first_token = prefill;
-            u.prompt_logprobs = lps;
-            updates.push(u);
-            if let Some(draws) = draws {
-                self.fork(slot, draws, now, &mut updates);
-            }
-        }
-        self.compact_running();
-        updates
-    }
-
-    /// A request asked for `n` sequences and its first token was just drawn: sequences
-    /// `1..n` start from the draws `draws` (one each), sharing the prompt's full blocks; the
-    /// partial last block is copied (in the next step's batch, before anything writes to it).
-    /// When the pool cannot give a sequence its block, that sequence waits and recomputes its
-    /// prompt (hitting the prefix cache for the full blocks).
-    fn fork(
-        &mut self,
-        parent: u32,
-        draws: Vec<Sampled>,
-        now: f64,
-        updates: &mut Vec<RequestUpdate>,
-    ) {
-        for (i, draw) in draws.into_iter().enumerate() {
-            let Some(p) = self.slots[parent as usize].as_ref() else {
-                return;
-            };
-            self.fx.clear();
-            let forked = self.kv.fork(&p.kv, p.prompt_len, &mut self.fx);
-            let mut tokens = Vec::with_capacity(p.tokens.capacity());
-            tokens.extend_from_slice(&p.tokens[..p.prompt_len]);
-            tokens.push(draw.token);
-            let mut sampling = p.sampling.clone();
-            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64 + 1));
-            let (kv, num_computed, status) = match forked {
-                Ok((kv, copy)) => {
-                    self.pending_copies.extend(copy);
-                    (kv, p.prompt_len, Status::Running)
-                }
-                Err(_) => (ReqKv::new((*p.kv.extra).clone()), 0, Status::Waiting),
-            };
-            let child = Request {
-                kv,
-                tokens,
-                num_computed,
-                prompt_len: p.prompt_len,
-                status,
-                admitted_once: true,
-                skip_read: p.skip_read,
-                priority: p.priority,
-                handle: p.handle,
-                admit_seq: self.next_admit_seq,
-                arrival: p.arrival,
-                sampling,
-                session: None,
-                fork_n: 1,
-                seq: i as u32 + 1,
-                prompt_lp: None,
-                prompt_lps: Vec::new(),
-            };
-            self.next_admit_seq += 1;
-            let slot = self.free_slots.pop().unwrap_or_else(|| {
-                self.slots.push(None);
-                (self.slots.len() - 1) as u32
-            });
-            self.obs.observe(Effect::Forked {
-                parent,
-                child: slot,
-                now,
-                kv: &self.fx,
-                blocks: &child.kv.blocks,
-                pool: self.kv.pool(),
-            });
-            let seq = child.seq;
-            let handle = child.handle;
-            self.slots[slot as usize] = Some(child);
-            match status {
-                Status::Running => self.running.push(slot),
-                _ => self.waiting.push_front(slot),
-            }
-            let mut u = RequestUpdate::new(slot, handle, seq);
-            u.token = Some(draw);
-            u.first_token = true;
-            // A one-token request ends with its first token.
-            if let Some(reason) = self.check_stop(slot, u.token.as_ref().map_or(0, |t| t.token)) {
-                let mut f = self.finish_slot(slot, reason, now);
-                f.token = u.token.take();
-                f.first_token = true;
-                updates.push(f);
-            } else {
-                updates.push(u);
-            }
-        }
-    }
-
-    /// Blocks that became new cache entries since the last call (with `report_new_entries`).
-    pub fn take_new_entries(&mut self) -> Vec<(BlockId, BlockHash)> {
-        std::mem::take(&mut self.new_entries)
-    }
-
-    fn check_stop(&self, slot: u32, token: TokenId) -> Option<FinishReason> {
-        let r = self.slot(slot)?;
-        let out_len = r.tokens.len() - r.prompt_len;
-        let p = &r.sampling;
-        let past_min = out_len >= p.min_tokens as usize;
-        if past_min && !p.ignore_eos && self.cfg.eos_token_ids.contains(&token) {
-            return Some(FinishReason::Stop);
-        }
-        if past_min && p.stop_token_ids.contains(&token) {
-            return Some(FinishReason::Stop);
-        }
-        if out_len >= p.max_tokens as usize || r.tokens.len() >= self.cfg.max_model_len {
-            return Some(FinishReason::Length);
-        }
-        None
     }
 
     /// End the live request in `slot` now (client abort, a stop string found by the frontend,

@@ -1,0 +1,96 @@
+//! Forking a request into its `n` sequences at its first token (n > 1): the sequences share
+//! the prompt's full blocks and copy the partial last one. A child module of the scheduler.
+
+use super::{Request, RequestUpdate, Scheduler, Status};
+use crate::exec::Sampled;
+use crate::kv_manager::ReqKv;
+use crate::observe::{Effect, Observer};
+
+use super::spec::SpecState;
+
+impl<O: Observer> Scheduler<O> {
+    /// A request asked for `n` sequences and its first token was just drawn: sequences
+    /// `1..n` start from the draws `draws` (one each), sharing the prompt's full blocks; the
+    /// partial last block is copied (in the next step's batch, before anything writes to it).
+    /// When the pool cannot give a sequence its block, that sequence waits and recomputes its
+    /// prompt (hitting the prefix cache for the full blocks).
+    pub(super) fn fork(
+        &mut self,
+        parent: u32,
+        draws: Vec<Sampled>,
+        now: f64,
+        updates: &mut Vec<RequestUpdate>,
+    ) {
+        for (i, draw) in draws.into_iter().enumerate() {
+            let Some(p) = self.slots[parent as usize].as_ref() else {
+                return;
+            };
+            self.fx.clear();
+            let forked = self.kv.fork(&p.kv, p.prompt_len, &mut self.fx);
+            let mut tokens = Vec::with_capacity(p.tokens.capacity());
+            tokens.extend_from_slice(&p.tokens[..p.prompt_len]);
+            tokens.push(draw.token);
+            let mut sampling = p.sampling.clone();
+            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64 + 1));
+            let (kv, num_computed, status) = match forked {
+                Ok((kv, copy)) => {
+                    self.pending_copies.extend(copy);
+                    (kv, p.prompt_len, Status::Running)
+                }
+                Err(_) => (ReqKv::new((*p.kv.extra).clone()), 0, Status::Waiting),
+            };
+            let child = Request {
+                kv,
+                tokens,
+                num_computed,
+                prompt_len: p.prompt_len,
+                status,
+                admitted_once: true,
+                skip_read: p.skip_read,
+                priority: p.priority,
+                handle: p.handle,
+                admit_seq: self.next_admit_seq,
+                arrival: p.arrival,
+                sampling,
+                session: None,
+                fork_n: 1,
+                seq: i as u32 + 1,
+                prompt_lp: None,
+                prompt_lps: Vec::new(),
+                spec: SpecState::default(),
+            };
+            self.next_admit_seq += 1;
+            let slot = self.free_slots.pop().unwrap_or_else(|| {
+                self.slots.push(None);
+                (self.slots.len() - 1) as u32
+            });
+            self.obs.observe(Effect::Forked {
+                parent,
+                child: slot,
+                now,
+                kv: &self.fx,
+                blocks: &child.kv.blocks,
+                pool: self.kv.pool(),
+            });
+            let seq = child.seq;
+            let handle = child.handle;
+            self.slots[slot as usize] = Some(child);
+            match status {
+                Status::Running => self.running.push(slot),
+                _ => self.waiting.push_front(slot),
+            }
+            let mut u = RequestUpdate::new(slot, handle, seq);
+            u.token = Some(draw);
+            u.first_token = true;
+            // A one-token request ends with its first token.
+            if let Some(reason) = self.check_stop(slot, u.token.as_ref().map_or(0, |t| t.token)) {
+                let mut f = self.finish_slot(slot, reason, now);
+                f.token = u.token.take();
+                f.first_token = true;
+                updates.push(f);
+            } else {
+                updates.push(u);
+            }
+        }
+    }
+}

@@ -1,0 +1,354 @@
+//! Prompt-lookup speculative decoding in the scheduler, on hand-made workloads: the drafts
+//! planned, what is accepted, and that block tables, per-request cache stats and the prefix
+//! cache are exactly those of plain decoding.
+
+use cachet_core::exec::{ExecBatch, ExecOutput, Sampled};
+use cachet_core::scheduler::{ScheduledChunk, SchedulerOutput};
+use cachet_core::spec::SpecConfig;
+use cachet_core::stats::PrefillStats;
+use cachet_core::{
+    FinishReason, HashSeed, Recorder, RequestDraft, SamplingParams, Scheduler, SchedulerConfig,
+};
+
+/// A scripted "model": the i-th output token of every request is `script[i]`, whatever the
+/// context. With drafts it verifies as a real executor does: position `j` is sampled while
+/// the samples so far equal the drafts.
+fn scripted(script: &[u32], batch: &ExecBatch<'_>) -> ExecOutput {
+    let mut out = ExecOutput::default();
+    for (i, seq) in batch.seqs.iter().enumerate() {
+        let Some(spec) = &seq.sample else {
+            out.sampled.push(None);
+            continue;
+        };
+        let at = |j: usize| Sampled::token(script[spec.output.len() + j]);
+        out.sampled.push(Some(at(0)));
+        let mut extra = Vec::new();
+        let mut prev = at(0).token;
+        for (j, &d) in spec.drafts.iter().enumerate() {
+            if prev != d {
+                break;
+            }
+            let s = at(j + 1);
+            prev = s.token;
+            extra.push(s);
+        }
+        if !extra.is_empty() {
+            out.spec.push((i, extra));
+        }
+    }
+    out
+}
+
+fn config(spec: Option<SpecConfig>) -> SchedulerConfig {
+    SchedulerConfig {
+        block_size: 4,
+        num_blocks: 32,
+        max_model_len: 128,
+        speculative: spec,
+        ..Default::default()
+    }
+}
+
+fn spec3() -> Option<SpecConfig> {
+    Some(SpecConfig {
+        num_speculative_tokens: 3,
+        prompt_lookup_min: 1,
+        prompt_lookup_max: 4,
+    })
+}
+
+const PROMPT: [u32; 10] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1];
+
+fn draft(id: &str, prompt: &[u32], max_tokens: u32) -> RequestDraft {
+    RequestDraft::new(
+        id,
+        prompt.to_vec(),
+        SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(max_tokens)
+        },
+    )
+}
+
+struct Run {
+    plans: Vec<SchedulerOutput>,
+    /// (tokens, block table) after every step.
+    states: Vec<(Vec<u32>, Vec<u32>)>,
+    output: Vec<u32>,
+    finish: Option<FinishReason>,
+    stats: PrefillStats,
+    /// Tokens delivered per step (one update each).
+    per_step: Vec<usize>,
+    s: Scheduler<Recorder>,
+}
+
+fn run(cfg: SchedulerConfig, d: RequestDraft, script: &[u32]) -> Run {
+    let seed = HashSeed::new(&[9; 32], cfg.block_size, "test");
+    let mut s = Scheduler::new(cfg, seed, Recorder::new(4));
+    run_on(&mut s, d, script, 0.0)
+        .map(|(plans, states, output, finish, stats, per_step)| Run {
+            plans,
+            states,
+            output,
+            finish,
+            stats,
+            per_step,
+            s,
+        })
+        .expect("finished")
+}
+
+type Outcome = (
+    Vec<SchedulerOutput>,
+    Vec<(Vec<u32>, Vec<u32>)>,
+    Vec<u32>,
+    Option<FinishReason>,
+    PrefillStats,
+    Vec<usize>,
+);
+
+fn run_on(
+    s: &mut Scheduler<Recorder>,
+    d: RequestDraft,
+    script: &[u32],
+    t0: f64,
+) -> Option<Outcome> {
+    let v = s.config().limits().validate(d).ok()?;
+    let slot = s.add_request(t0 as u64 + 1, t0, v).ok()?;
+    let (mut plans, mut states, mut output, mut per_step) = (vec![], vec![], vec![], vec![]);
+    let mut finish = None;
+    let mut t = t0;
+    while s.has_unfinished() {
+        t += 1.0;
+        let plan = s.schedule(t, None);
+        let res = scripted(script, &s.exec_batch(&plan));
+        let ups = s.update(&plan, res, t);
+        s.check_invariants().ok()?;
+        plans.push(plan);
+        per_step.push(ups.iter().filter(|u| u.token.is_some()).count());
+        for u in ups {
+            if let Some(tok) = u.token {
+                output.push(tok.token);
+            }
+            finish = finish.or(u.finish);
+        }
+        if let Some(st) = s.debug_request(slot) {
+            states.push(st);
+        }
+    }
+    let fin = s.observer_mut().take_finished();
+    let stats = fin.last()?.prefill_stats?;
+    Some((plans, states, output, finish, stats, per_step))
+}
+
+fn chunk(plan: &SchedulerOutput) -> ScheduledChunk {
+    plan.chunks[0].clone()
+}
+
+/// The output repeats the prompt from its second token (2, 3, 4, 5, 6, 7), then goes its own
+/// way (50, 51, ...).
+const COPY: [u32; 12] = [2, 3, 4, 5, 6, 7, 50, 51, 52, 53, 54, 55];
+
+#[test]
+fn a_copying_request_gets_drafts_capped_at_the_block_end_and_accepts_them() {
+    let on = run(config(spec3()), draft("a", &PROMPT, 10), &COPY);
+    // Step 1: the prompt (10 tokens, blocks 0..2), sampling 2.
+    assert_eq!(
+        chunk(&on.plans[0]),
+        ScheduledChunk {
+            slot: 0,
+            start_pos: 0,
+            num_tokens: 10,
+            sample: true,
+            drafts: 0
+        }
+    );
+    // Step 2: p = 10, the context ends [.., 9, 1, 2]; [1, 2] recurs at 0 (then 3, 4, 5), but
+    // the block of p (positions 8..11) has one slot after p: one draft, [3], accepted; the
+    // token after it is 4.
+    assert_eq!(
+        chunk(&on.plans[1]),
+        ScheduledChunk {
+            slot: 0,
+            start_pos: 10,
+            num_tokens: 2,
+            sample: true,
+            drafts: 1
+        }
+    );
+    // Step 3: p = 12 (token 4) in a new block (12..15): three slots after p, the 4-gram
+    // [1, 2, 3, 4] recurs at 0 → drafts [5, 6, 7], all accepted, then 50.
+    assert_eq!(
+        chunk(&on.plans[2]),
+        ScheduledChunk {
+            slot: 0,
+            start_pos: 12,
+            num_tokens: 4,
+            sample: true,
+            drafts: 3
+        }
+    );
+    // Step 4: p = 16 (token 50), no earlier 50: a plain decode (51). Then 52, 53 plainly
+    // (nothing recurs): the request ends at 10 tokens, in 6 steps instead of 10.
+    assert_eq!(chunk(&on.plans[3]).drafts, 0);
+    assert_eq!(on.per_step, vec![1, 2, 4, 1, 1, 1]);
+    assert_eq!(on.output, COPY[..10].to_vec());
+    assert_eq!(on.finish, Some(FinishReason::Length));
+    assert_eq!(on.s.spec_counts(0), None); // finished: the slot is empty
+
+    // The same request without speculation: the same tokens, and after every step of the
+    // speculative run the same token list and block table as the plain run at that length.
+    let off = run(config(None), draft("a", &PROMPT, 10), &COPY);
+    assert_eq!(off.output, on.output);
+    assert_eq!(off.plans.len(), 10);
+    for st in &on.states {
+        assert!(
+            off.states.contains(st),
+            "state {st:?} never occurs in plain decoding"
+        );
+    }
+    assert_eq!(on.stats, off.stats);
+    assert_eq!(on.s.observer().totals(), off.s.observer().totals());
+}
+
+#[test]
+fn a_rejected_draft_is_never_cached_and_the_stats_match_plain_decoding() {
+    // The output leaves the prompt after 5: drafts [5, 6, 7] at step 3 accept 5 only (the
+    // model says 9, not 6); positions 14 and 15 hold the rejected 6 and 7.
+    let script = [2, 3, 4, 5, 9, 40, 41, 42, 43, 44];
+    let mut on = run(config(spec3()), draft("a", &PROMPT, 8), &script);
+    assert_eq!(chunk(&on.plans[2]).drafts, 3);
+    assert_eq!(on.per_step[2], 2); // 5 accepted, then 9
+                                   // p = 14 next: the token 9 written over the rejected 6.
+    assert_eq!(chunk(&on.plans[3]).start_pos, 14);
+    assert_eq!(on.output, script[..8].to_vec());
+    let off = run(config(None), draft("a", &PROMPT, 8), &script);
+    assert_eq!(on.output, off.output);
+    assert_eq!(on.stats, off.stats);
+    assert_eq!(on.s.observer().totals(), off.s.observer().totals());
+    for st in &on.states {
+        assert!(off.states.contains(st), "{st:?}");
+    }
+    // The prefix cache holds [1..4], [5..8], [9, 1, 2, 3], [4, 5, 9, 40]: a prompt that
+    // follows the rejected drafts ([4, 5, 6, 7] as block 3) hits three blocks, not four; one
+    // that follows the committed tokens hits all four.
+    let mut drafted = PROMPT.to_vec();
+    drafted.extend([2, 3, 4, 5, 6, 7, 8]);
+    let (.., stats, _) = run_on(&mut on.s, draft("b", &drafted, 1), &[0], 100.0).unwrap();
+    assert_eq!(stats.local_cached_tokens, 12);
+    let mut committed = PROMPT.to_vec();
+    committed.extend([2, 3, 4, 5, 9, 40, 8]);
+    let (.., stats, _) = run_on(&mut on.s, draft("c", &committed, 1), &[0], 200.0).unwrap();
+    assert_eq!(stats.local_cached_tokens, 16);
+}
+
+#[test]
+fn drafts_stop_at_max_tokens_and_at_the_step_budget() {
+    // max_tokens 4: after step 2 the output is [2, 3, 4]; one token remains, so no draft
+    // (k <= max_tokens - 1 - generated = 0) and a plain decode ends the request.
+    let on = run(config(spec3()), draft("a", &PROMPT, 4), &COPY);
+    assert_eq!(chunk(&on.plans[1]).drafts, 1);
+    assert_eq!(chunk(&on.plans[2]).drafts, 0);
+    assert_eq!(on.output, vec![2, 3, 4, 5]);
+    assert_eq!(on.plans.len(), 3);
+    // max_tokens 5: two remain at step 3: one draft ([5]), then the token after it.
+    let on = run(config(spec3()), draft("a", &PROMPT, 5), &COPY);
+    assert_eq!(chunk(&on.plans[2]).drafts, 1);
+    assert_eq!(on.output, vec![2, 3, 4, 5, 6]);
+    // A step budget of 3 tokens: the prompt takes 4 steps (3 + 3 + 3 + 1), then the drafts
+    // fit in budget - 1 = 2.
+    let cfg = SchedulerConfig {
+        max_num_batched_tokens: 3,
+        ..config(spec3())
+    };
+    let on = run(cfg, draft("a", &PROMPT, 10), &COPY);
+    assert_eq!(chunk(&on.plans[3]).num_tokens, 1);
+    assert_eq!(chunk(&on.plans[4]).drafts, 1); // block end (one slot after p = 10)
+    assert_eq!(chunk(&on.plans[5]).drafts, 2); // budget: [5, 6]
+    assert_eq!(chunk(&on.plans[5]).num_tokens, 3);
+    assert_eq!(on.output, COPY[..10].to_vec());
+}
+
+#[test]
+fn a_stop_token_among_accepted_drafts_ends_the_request_there() {
+    // Stop at 6: drafts [5, 6, 7] at step 3 are all accepted by the model, but 6 ends the
+    // request: 7 and the token after it are dropped, exactly as plain decoding would.
+    let mut d = draft("a", &PROMPT, 10);
+    d.sampling.stop_token_ids = vec![6];
+    let on = run(config(spec3()), d.clone(), &COPY);
+    assert_eq!(on.output, vec![2, 3, 4, 5, 6]);
+    assert_eq!(on.finish, Some(FinishReason::Stop));
+    let off = run(config(None), d, &COPY);
+    assert_eq!(off.output, on.output);
+    assert_eq!(on.stats, off.stats);
+    assert_eq!(on.s.observer().totals(), off.s.observer().totals());
+}
+
+#[test]
+fn no_drafts_for_constrained_forked_or_prompt_logprob_requests_in_prefill() {
+    // n = 2: the first step forks; afterwards both sequences may speculate (one sequence
+    // each). In the prefill step no chunk carries drafts.
+    let mut d = draft("a", &PROMPT, 6);
+    d.n = 2;
+    let seed = HashSeed::new(&[9; 32], 4, "test");
+    let mut s = Scheduler::new(config(spec3()), seed, Recorder::new(4));
+    let v = s.config().limits().validate(d).unwrap();
+    s.add_request(1, 0.0, v).unwrap();
+    let plan = s.schedule(1.0, None);
+    assert_eq!(plan.chunks[0].drafts, 0);
+    let batch = s.exec_batch(&plan);
+    assert!(batch.seqs[0].sample.as_ref().unwrap().drafts.is_empty());
+    drop(batch);
+    let mut res = scripted(&COPY, &s.exec_batch(&plan));
+    res.forks.push((0, vec![Sampled::token(2)]));
+    s.update(&plan, res, 1.0);
+    let plan = s.schedule(2.0, None);
+    assert_eq!(plan.chunks.len(), 2);
+    assert!(plan.chunks.iter().all(|c| c.drafts == 1));
+    // A constrained request never gets drafts.
+    #[derive(Debug)]
+    struct Any;
+    impl cachet_core::request::TokenConstraint for Any {
+        fn allows(&self, _: u32) -> bool {
+            true
+        }
+        fn fill_mask(&self, m: &mut Vec<u32>) {
+            m.clear();
+        }
+        fn accept(&self, _: u32) {}
+    }
+    let mut d = draft("c", &PROMPT, 10);
+    d.sampling.constraint = Some(cachet_core::request::Constraint::new(Any));
+    let on = run(config(spec3()), d, &COPY);
+    assert!(on.plans.iter().all(|p| p.chunks[0].drafts == 0));
+    assert_eq!(on.output, COPY[..10].to_vec());
+}
+
+#[test]
+fn spec_counters_are_per_request_and_per_step() {
+    let seed = HashSeed::new(&[9; 32], 4, "test");
+    let mut s = Scheduler::new(config(spec3()), seed, Recorder::new(4));
+    let v = s
+        .config()
+        .limits()
+        .validate(draft("a", &PROMPT, 10))
+        .unwrap();
+    let slot = s.add_request(1, 0.0, v).unwrap();
+    let mut per_step = Vec::new();
+    for t in 1..=3 {
+        let plan = s.schedule(t as f64, None);
+        let res = scripted(&COPY, &s.exec_batch(&plan));
+        s.update(&plan, res, t as f64);
+        per_step.push(s.take_spec_stats());
+    }
+    // Step 1 prefill: nothing; step 2: one draft of 1, accepted; step 3: 3 of 3.
+    assert!(per_step[0].is_zero());
+    assert_eq!(
+        (per_step[1].num_drafts, per_step[1].num_draft_tokens),
+        (1, 1)
+    );
+    assert_eq!(per_step[1].accepted_per_pos, vec![1]);
+    assert_eq!(per_step[2].num_accepted_tokens, 3);
+    assert_eq!(per_step[2].accepted_per_pos, vec![1, 1, 1]);
+    assert_eq!(s.spec_counts(slot), Some((4, 4)));
+}
