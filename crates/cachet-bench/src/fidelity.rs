@@ -176,6 +176,7 @@ fn logits(
                 block_table: table,
                 sample: Some(SampleSpec {
                     n: 1,
+                    drafts: &[],
                     params: &params,
                     prompt: &toks[..p + 1],
                     output: &[],

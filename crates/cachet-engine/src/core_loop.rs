@@ -332,6 +332,7 @@ impl<E: Executor> EngineCore<E> {
 
     fn emit_stats(&mut self, iteration_tokens: Option<u64>) {
         let gauges = self.scheduler.gauges();
+        let spec = self.scheduler.take_spec_stats();
         let Some(rec) = self.scheduler.observer_mut().as_mut() else {
             return;
         };
@@ -361,6 +362,7 @@ impl<E: Executor> EngineCore<E> {
             iteration_tokens,
             tenants,
             hit_rates: totals.hit_rates(),
+            spec,
         };
         // A stats message whenever any delta is non-zero (or something finished), even in a
         // step without tokens.

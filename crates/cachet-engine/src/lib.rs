@@ -57,6 +57,8 @@ pub struct StepStats {
     pub tenants: Vec<TenantDelta>,
     /// Hit rates since the start, measured and estimated for larger pools.
     pub hit_rates: HitRates,
+    /// Speculative decoding: this step's drafts (zero with speculation off).
+    pub spec: cachet_core::spec::SpecDecodeStats,
 }
 
 /// Observes the engine. Called on the engine thread: keep it cheap, never block.

@@ -205,7 +205,9 @@ impl Executor for SimExecutor {
             }
             if timed {
                 let prompt_len = seq.sample.as_ref().map_or(0, |s| s.prompt.len());
-                if seq.tokens.len() > 1 || seq.start_pos + seq.tokens.len() <= prompt_len {
+                let drafts = seq.sample.as_ref().map_or(0, |s| s.drafts.len());
+                let known = seq.tokens.len() - drafts;
+                if known > 1 || seq.start_pos + known <= prompt_len {
                     prefill_tokens += seq.tokens.len() as u32;
                 } else {
                     decode_seqs += 1;
@@ -231,44 +233,61 @@ impl Executor for SimExecutor {
                 out.sampled.push(None);
                 continue;
             };
-            let end = seq.start_pos + seq.tokens.len();
-            let mut h = SEED;
-            if self.cfg.full_context_check {
-                for pos in 0..end {
-                    h = mix(h, self.arena[self.slot(seq.block_table, pos)?]);
+            // Position j of a chunk with drafts is sampled while the draws so far equal the
+            // drafts; each sample reads the context up to its own position only.
+            let k = spec.drafts.len();
+            let base_end = seq.start_pos + seq.tokens.len() - k;
+            let mut extra = Vec::new();
+            for j in 0..=k {
+                let end = base_end + j;
+                let mut h = SEED;
+                if self.cfg.full_context_check {
+                    for pos in 0..end {
+                        h = mix(h, self.arena[self.slot(seq.block_table, pos)?]);
+                    }
+                } else {
+                    // The last position, read back through the table like every other.
+                    h = mix(h, self.arena[self.slot(seq.block_table, end - 1)?]);
                 }
-            } else {
-                // The last position, read back through the table like every other.
-                h = mix(h, self.arena[self.slot(seq.block_table, end - 1)?]);
-            }
-            let n_out = spec.output.len() + 1;
-            let token = if self.cfg.eos_at_output == Some(n_out) {
-                self.cfg.eos_token_id
-            } else {
-                self.cfg.first_token + (h % vocab) as u32
-            };
-            let token = self.steer(h, token, spec.params);
-            let draw = |h: u64, token: u32| {
-                let mut s = Sampled::token(token);
-                if let Some(k) = spec.params.logprobs {
-                    s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
-                    s.top_logprobs = (0..k.min(5))
-                        .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+                let n_out = spec.output.len() + 1 + j;
+                let token = if self.cfg.eos_at_output == Some(n_out) {
+                    self.cfg.eos_token_id
+                } else {
+                    self.cfg.first_token + (h % vocab) as u32
+                };
+                let token = self.steer(h, token, spec.params);
+                let draw = |h: u64, token: u32| {
+                    let mut s = Sampled::token(token);
+                    if let Some(k) = spec.params.logprobs {
+                        s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
+                        s.top_logprobs = (0..k.min(5))
+                            .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+                            .collect();
+                    }
+                    s
+                };
+                if j == 0 && spec.n > 1 {
+                    // Further independent draws from the same context (a forked request).
+                    let extra = (1..spec.n)
+                        .map(|i| {
+                            let hi = mix(h, 0x5eed_0000 + i as u64);
+                            draw(hi, self.cfg.first_token + (hi % vocab) as u32)
+                        })
                         .collect();
+                    out.forks.push((out.sampled.len(), extra));
                 }
-                s
-            };
-            if spec.n > 1 {
-                // Further independent draws from the same context (a forked request).
-                let extra = (1..spec.n)
-                    .map(|i| {
-                        let hi = mix(h, 0x5eed_0000 + i as u64);
-                        draw(hi, self.cfg.first_token + (hi % vocab) as u32)
-                    })
-                    .collect();
-                out.forks.push((out.sampled.len(), extra));
+                if j == 0 {
+                    out.sampled.push(Some(draw(h, token)));
+                } else {
+                    extra.push(draw(h, token));
+                }
+                if j == k || spec.drafts[j] != token {
+                    break;
+                }
             }
-            out.sampled.push(Some(draw(h, token)));
+            if !extra.is_empty() {
+                out.spec.push((out.sampled.len() - 1, extra));
+            }
         }
         if timed {
             let cost = self.cfg.prefill_cost_per_token * prefill_tokens

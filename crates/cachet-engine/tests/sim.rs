@@ -17,6 +17,7 @@ fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]
             block_table: table,
             sample: Some(SampleSpec {
                 n: 1,
+                drafts: &[],
                 params: &params,
                 prompt: tokens,
                 output: &[],

@@ -41,6 +41,7 @@ fn step(e: &mut LlamaExecutor, seqs: &mut [Seq], params: &SamplingParams) {
                     block_table: &s.table,
                     sample: Some(SampleSpec {
                         n: 1,
+                        drafts: &[],
                         params,
                         prompt: &s.tokens,
                         output: &[],

@@ -35,6 +35,7 @@ fn main() {
             block_table: &table,
             sample: Some(SampleSpec {
                 n: 1,
+                drafts: &[],
                 params: &params,
                 prompt: &ids,
                 output: &[],

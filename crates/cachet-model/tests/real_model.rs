@@ -154,6 +154,7 @@ fn cachet_logits_along(
                 block_table: &table,
                 sample: Some(SampleSpec {
                     n: 1,
+                    drafts: &[],
                     params: &params,
                     prompt,
                     output: &[],

@@ -404,6 +404,7 @@ fn chunk<'a>(
         block_table: table,
         sample: Some(SampleSpec {
             n: 1,
+            drafts: &[],
             params,
             prompt: &[],
             output: &[],

@@ -77,6 +77,7 @@ pub(super) fn step(
                     block_table: &s.table,
                     sample: Some(SampleSpec {
                         n: 1,
+                        drafts: &[],
                         params,
                         prompt: &s.prompt,
                         output: &s.output,

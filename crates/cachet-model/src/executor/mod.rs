@@ -152,6 +152,8 @@ pub struct LlamaExecutor {
     rope_len: usize,
     eos: Vec<TokenId>,
     rng: u64,
+    /// Output so far plus the accepted drafts (speculative verification, reused).
+    spec_out: Vec<TokenId>,
 }
 
 /// Tokens per attention task when a sequence's chunk is split for parallelism.
@@ -214,6 +216,7 @@ impl LlamaExecutor {
             rope_len: 0,
             eos: Vec::new(),
             rng,
+            spec_out: Vec::new(),
         })
     }
 
@@ -363,10 +366,15 @@ impl LlamaExecutor {
                 s.pos.push(p);
                 s.slot.push(seq.block_table[p / bs] as usize * bs + p % bs);
             }
+            let drafts = seq.sample.as_ref().map_or(0, |sp| sp.drafts.len());
             if seq.prompt_logprobs.is_some() {
                 // Prompt logprobs need every row's logits (the last doubles as the sample row).
                 let end = s.pos.len();
                 s.sample_rows.extend(end - seq.tokens.len()..end);
+            } else if drafts > 0 {
+                // Drafts: the logits of the last token and of every draft.
+                let end = s.pos.len();
+                s.sample_rows.extend(end - drafts - 1..end);
             } else if seq.sample.is_some() {
                 s.sample_rows.push(s.pos.len() - 1);
             }
@@ -471,13 +479,17 @@ impl Executor for LlamaExecutor {
                 }
                 out.prompt_logprobs.push((si, v_out));
                 row += rows;
-            } else if seq.sample.is_some() {
-                row += 1;
+            } else if let Some(sp) = &seq.sample {
+                row += 1 + sp.drafts.len();
             }
             let Some(spec) = &seq.sample else {
                 out.sampled.push(None);
                 continue;
             };
+            if !spec.drafts.is_empty() && seq.prompt_logprobs.is_none() {
+                self.verify_drafts(si, row - 1 - spec.drafts.len(), spec, &mut out);
+                continue;
+            }
             let logits_row = row - 1;
             let logits = &self.s.logits[logits_row * v..(logits_row + 1) * v];
             self.rng = sampling::splitmix64(self.rng);
@@ -511,5 +523,51 @@ impl Executor for LlamaExecutor {
         }
         self.s.prof.mark(7);
         Ok(out)
+    }
+}
+
+impl LlamaExecutor {
+    /// Speculative verification of chunk `si` whose `k + 1` logits rows start at `row0`:
+    /// sample row 0 as usual; while the token sampled at row `j` equals draft `j + 1`, sample
+    /// row `j + 1` with that draft counted as output (penalties, a seeded draw's position).
+    /// Each token is a draw from the model given the committed prefix, as in plain decoding.
+    fn verify_drafts(
+        &mut self,
+        si: usize,
+        row0: usize,
+        spec: &cachet_core::exec::SampleSpec<'_>,
+        out: &mut ExecOutput,
+    ) {
+        let v = self.w.config.vocab_size;
+        let mut buf = std::mem::take(&mut self.spec_out);
+        buf.clear();
+        buf.extend_from_slice(spec.output);
+        let mut extra = Vec::new();
+        for j in 0..=spec.drafts.len() {
+            let logits = &self.s.logits[(row0 + j) * v..(row0 + j + 1) * v];
+            self.rng = sampling::splitmix64(self.rng);
+            let inp = SampleInput {
+                params: spec.params,
+                prompt: spec.prompt,
+                output: &buf,
+                eos_token_ids: &self.eos,
+                fallback_seed: self.rng,
+            };
+            let tok = sampling::sample(logits, &inp, &mut self.sampler);
+            let t = tok.token;
+            if j == 0 {
+                out.sampled.push(Some(tok));
+            } else {
+                extra.push(tok);
+            }
+            match spec.drafts.get(j) {
+                Some(&d) if d == t => buf.push(d),
+                _ => break,
+            }
+        }
+        if !extra.is_empty() {
+            out.spec.push((si, extra));
+        }
+        self.spec_out = buf;
     }
 }

@@ -90,6 +90,7 @@ pub fn step(
                 block_table: &r.blocks,
                 sample: done.then_some(SampleSpec {
                     n: 1,
+                    drafts: &[],
                     params: &r.params,
                     prompt: &r.prompt,
                     output: &r.output,
