@@ -143,6 +143,25 @@ impl Creators {
     }
 }
 
+/// `dst.copy_from_slice(src)` with stores that bypass the caches: a block's tokens are read
+/// only when it is a divergence candidate, so writing them should not push out what the step
+/// reads next.
+fn write_around_cache(dst: &mut [TokenId], src: &[TokenId]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            // SAFETY: `d` is a valid, aligned, exclusive reference to 4 bytes; SSE2 is part of
+            // x86_64. The store is weakly ordered only towards other threads, and the index
+            // is read by this thread alone.
+            unsafe {
+                std::arch::x86_64::_mm_stream_si32((d as *mut TokenId).cast::<i32>(), s as i32)
+            };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    dst.copy_from_slice(src);
+}
+
 /// One of the hottest cached prefixes (`GET /v1/cache`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HotPrefix {
@@ -192,6 +211,18 @@ impl BlockIndex {
 
     fn n(&self, block: BlockId) -> Option<&Node> {
         self.slots.get(block as usize).map(|s| &s.n)
+    }
+
+    /// Start loading what creating an entry in `block` under `parent` touches.
+    #[inline]
+    pub(crate) fn prefetch_create(&self, block: BlockId, parent: Option<BlockId>) {
+        let i = block as usize;
+        if let Some(s) = self.slots.get(i) {
+            super::prefetch(s);
+        }
+        if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
+            super::prefetch(p);
+        }
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
@@ -303,7 +334,7 @@ impl BlockIndex {
             hits: 0,
             depth,
         };
-        self.tokens[i * self.b..(i + 1) * self.b].copy_from_slice(tokens);
+        write_around_cache(&mut self.tokens[i * self.b..(i + 1) * self.b], tokens);
         if !orphan {
             self.link_front(block);
         }

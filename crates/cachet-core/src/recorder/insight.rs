@@ -699,6 +699,13 @@ impl Insight {
         let b = self.block_size;
         let mut ri = ri;
         if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
+            for &i in &kv.created {
+                let i = i as usize;
+                if let Some(&blk) = blocks.get(i) {
+                    let parent = i.checked_sub(1).and_then(|p| blocks.get(p)).copied();
+                    ix.prefetch_create(blk, parent);
+                }
+            }
             let root_key = ri.as_ref().map_or(0, |r| r.root_key);
             // The creator's id: the request's own (taken at its first entry), or one held only
             // by these entries.
