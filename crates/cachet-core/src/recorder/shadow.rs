@@ -117,6 +117,8 @@ pub(crate) struct Shadow {
     /// Most entries kept (`--eviction-shadow-blocks`).
     cap: usize,
     ghosts: [Ghost; 2],
+    /// `SWEEP_EVERY` (tests sweep more often).
+    sweep_every: u64,
 }
 
 impl Shadow {
@@ -133,6 +135,7 @@ impl Shadow {
             table: vec![BUCKET; 1],
             cap,
             ghosts: [ghost(SCALES[0]), ghost(SCALES[1])],
+            sweep_every: SWEEP_EVERY,
         }
     }
 
@@ -280,7 +283,7 @@ impl Shadow {
         if window * 2 > self.table.len() * SLOTS {
             self.table = vec![BUCKET; Self::buckets_for(window)];
             self.pending = self.base;
-        } else if self.next().is_multiple_of(SWEEP_EVERY) {
+        } else if self.next().is_multiple_of(self.sweep_every) {
             for b in 0..self.table.len() {
                 for i in 0..SLOTS {
                     if self.in_window(self.table[b].seqs[i]).is_none() {
@@ -493,6 +496,72 @@ mod tests {
             s.trim();
             assert!(s.keys.len() <= 8, "{}", s.keys.len());
             assert!(s.keys_held() <= 8);
+        }
+    }
+
+    /// The latest entry of `k` in the window, by brute force over the ring.
+    fn brute(s: &Shadow, k: u64) -> Option<u64> {
+        (s.base..s.next()).rev().find(|&q| s.key_at(q) == Some(k))
+    }
+
+    /// The table against a brute-force scan of the ring, over keys made to collide (tags are
+    /// the high 32 bits with the low bit set: 0 and 1 share one; buckets are the low bits),
+    /// with windows from 0 to 40 entries, the table grown from one bucket, sweeps every few
+    /// entries, and sequence numbers crossing 2^32.
+    #[test]
+    fn the_table_finds_exactly_the_latest_entry_of_each_key() {
+        // Sixteen keys to each of two home buckets: more than a bucket holds.
+        let keys: Vec<u64> = (0..16u64)
+            .flat_map(|a| (0..2u64).map(move |b| (a << 32) | (b * 3)))
+            .collect();
+        let mut rng = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for (cap, start) in [
+            (0usize, 0u64),
+            (1, 0),
+            (5, 0),
+            (17, (1 << 32) - 300),
+            (40, u64::from(u32::MAX) - 7),
+        ] {
+            let mut s = Shadow::new(4, cap);
+            s.base = start;
+            s.pending = start;
+            for g in &mut s.ghosts {
+                g.front = start;
+            }
+            s.sweep_every = 16;
+            for _ in 0..3000 {
+                match next() % 8 {
+                    0..=4 => {
+                        let n = next() % 4;
+                        let taken: Vec<Option<BlockHash>> = (0..n)
+                            .map(|_| {
+                                let k = keys[(next() % keys.len() as u64) as usize];
+                                let mut h = [0u8; 32];
+                                h[..8].copy_from_slice(&k.to_le_bytes());
+                                (next() % 5 != 0).then_some(BlockHash(h))
+                            })
+                            .collect();
+                        s.take_blocks(taken.into_iter());
+                    }
+                    5 | 6 => s.trim(),
+                    _ => {
+                        let k = keys[(next() % keys.len() as u64) as usize];
+                        let mut h = [0u8; 32];
+                        h[..8].copy_from_slice(&k.to_le_bytes());
+                        s.ghost_take((next() % 2) as usize, &BlockHash(h));
+                    }
+                }
+                s.flush();
+                for &k in &keys {
+                    assert_eq!(s.find(k), brute(&s, k), "cap {cap} key {k:#x}");
+                }
+            }
         }
     }
 }
