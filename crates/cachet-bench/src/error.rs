@@ -39,6 +39,8 @@ pub enum BenchError {
     Plot(String),
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("setup: {0}")]
+    Setup(String),
 }
 
 impl BenchError {

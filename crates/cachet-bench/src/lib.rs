@@ -21,6 +21,7 @@ pub mod plot;
 pub mod report;
 pub mod rng;
 pub mod serve;
+pub mod spec;
 pub mod sse;
 pub mod stats;
 pub mod tiers;
@@ -57,6 +58,9 @@ pub enum BenchCmd {
     /// host tier vs Redis, where a load's time goes, and a shared-prefix workload on two
     /// instances behind one Redis vs one instance; writes docs/benchmarks.md.
     Tiers(tiers::TiersArgs),
+    /// Prompt-lookup speculative decoding on the real model, batch 1, greedy: an edit-style
+    /// workload and a free-form one, speculation off vs on, interleaved and repeated.
+    Spec(spec::SpecArgs),
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -89,6 +93,10 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         BenchCmd::Fidelity(a) => {
             let rep = fidelity::bench_fidelity(&a)?;
             print!("{}", fidelity::table(&rep, false));
+        }
+        BenchCmd::Spec(a) => {
+            let rep = spec::bench_spec(&a)?;
+            print!("{}", spec::table(&rep));
         }
         BenchCmd::Tiers(a) => {
             let rep = runtime()?.block_on(tiers::bench_tiers(&a))?;

@@ -1,0 +1,371 @@
+//! `cachet bench spec`: prompt-lookup speculative decoding on the real model, batch 1, greedy.
+//!
+//! Two workloads, each run with speculation off and on, interleaved (off, on, off, on, ...) and
+//! repeated, through the core's scheduler and the model executor (no HTTP):
+//! * **edit**: a generated ~1,000-token Rust file with the request to return it with one
+//!   function renamed: the answer copies the prompt, so drafts are accepted;
+//! * **free**: free-form text generation with nothing to look up.
+//!
+//! Reported per workload: decode tokens/s (output tokens after the first over the time after
+//! the first token) off and on, the ratio (median and range over the repetitions), the draft
+//! acceptance, and whether the greedy text was identical.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use cachet_core::spec::{SpecConfig, SpecDecodeStats};
+use cachet_core::{
+    Executor, HashSeed, RequestDraft, SamplingParams, Scheduler, SchedulerConfig, TokenId,
+};
+use cachet_model::{ExecutorConfig, KvDtype, LoadOptions, LoadedModel};
+use clap::Args;
+use serde::Serialize;
+
+use crate::error::BenchError;
+
+const BLOCK: usize = 16;
+
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// GGUF file (default: ~/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    pub threads: usize,
+    /// Repetitions of each (workload, mode), interleaved.
+    #[arg(long, default_value_t = 3)]
+    pub reps: usize,
+    /// Functions in the generated code file (about 40 tokens each).
+    #[arg(long, default_value_t = 25)]
+    pub functions: usize,
+    /// Most tokens generated for the free-form workload.
+    #[arg(long, default_value_t = 256)]
+    pub free_tokens: u32,
+    #[arg(long, default_value_t = 5)]
+    pub num_speculative_tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    pub spec_ngram_min: usize,
+    #[arg(long, default_value_t = 4)]
+    pub spec_ngram_max: usize,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    pub output_json: Option<PathBuf>,
+}
+
+/// One run of one request.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunStats {
+    pub prompt_tokens: usize,
+    pub output_tokens: usize,
+    pub steps: usize,
+    pub ttft_s: f64,
+    pub total_s: f64,
+    /// (output_tokens - 1) / (total - ttft).
+    pub decode_tok_s: f64,
+    pub drafts: u64,
+    pub draft_tokens: u64,
+    pub accepted_tokens: u64,
+    #[serde(skip)]
+    pub tokens: Vec<TokenId>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkloadResult {
+    pub name: String,
+    pub off: Vec<RunStats>,
+    pub on: Vec<RunStats>,
+    /// on/off decode tokens/s of each interleaved pair.
+    pub ratios: Vec<f64>,
+    pub identical: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct SpecReport {
+    pub machine: String,
+    pub loadavg: String,
+    pub threads: usize,
+    pub spec: String,
+    pub workloads: Vec<WorkloadResult>,
+}
+
+/// A deterministic Rust file of `n` small functions (names and constants vary).
+pub fn code_file(n: usize) -> String {
+    const OPS: [(&str, &str); 4] = [("add", "+"), ("sub", "-"), ("mul", "*"), ("xor", "^")];
+    let mut s = String::from("//! Small arithmetic helpers.\n\n");
+    for i in 0..n {
+        let (name, op) = OPS[i % 4];
+        s.push_str(&format!(
+            "/// Applies `{name}` with the constant {c}.\npub fn {name}_{i}(x: u64) -> u64 {{\n    let y = x {op} {c};\n    y.wrapping_mul({m})\n}}\n\n",
+            c = 3 + 7 * i,
+            m = 2 + i % 5,
+        ));
+    }
+    s
+}
+
+fn chat(m: &LoadedModel, user: &str) -> Result<Vec<TokenId>, BenchError> {
+    let text = m
+        .tokenizer
+        .apply_chat_template(&[cachet_model::ChatMessage::user(user)], true)
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    m.tokenizer
+        .encode(&text, true)
+        .map_err(|e| BenchError::Setup(e.to_string()))
+}
+
+/// Runs one greedy request to the end on a fresh executor arena.
+fn run_one(
+    m: &LoadedModel,
+    prompt: &[TokenId],
+    max_tokens: u32,
+    spec: Option<SpecConfig>,
+) -> Result<RunStats, BenchError> {
+    let num_blocks = (prompt.len() + max_tokens as usize).div_ceil(BLOCK) + 4;
+    let mut exec = m.executor(ExecutorConfig {
+        block_size: BLOCK,
+        num_blocks,
+        kv_dtype: KvDtype::F16,
+    })?;
+    let cfg = SchedulerConfig {
+        block_size: BLOCK,
+        num_blocks,
+        max_model_len: prompt.len() + max_tokens as usize + 1,
+        eos_token_ids: m.tokenizer.eos_token_ids(),
+        enable_prefix_caching: false,
+        speculative: spec,
+        ..Default::default()
+    };
+    let seed = HashSeed::new(&exec.model_fingerprint(), BLOCK, &exec.kv_layout());
+    let mut s = Scheduler::new(cfg, seed, ());
+    let v = s
+        .config()
+        .limits()
+        .validate(RequestDraft::new(
+            "bench",
+            prompt.to_vec(),
+            SamplingParams::greedy(max_tokens),
+        ))
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    s.add_request(1, 0.0, v)
+        .map_err(|e| BenchError::Setup(e.to_string()))?;
+    let mut st = RunStats {
+        prompt_tokens: prompt.len(),
+        ..Default::default()
+    };
+    let mut spec_tot = SpecDecodeStats::default();
+    let t0 = Instant::now();
+    while s.has_unfinished() {
+        let plan = s.schedule(0.0, None);
+        let res = exec.execute(&s.exec_batch(&plan))?;
+        for u in s.update(&plan, res, 0.0) {
+            if let Some(t) = u.token {
+                if st.tokens.is_empty() {
+                    st.ttft_s = t0.elapsed().as_secs_f64();
+                }
+                st.tokens.push(t.token);
+            }
+        }
+        let d = s.take_spec_stats();
+        spec_tot.num_drafts += d.num_drafts;
+        spec_tot.num_draft_tokens += d.num_draft_tokens;
+        spec_tot.num_accepted_tokens += d.num_accepted_tokens;
+        st.steps += 1;
+    }
+    st.total_s = t0.elapsed().as_secs_f64();
+    st.output_tokens = st.tokens.len();
+    let decode_s = st.total_s - st.ttft_s;
+    st.decode_tok_s = if decode_s > 0.0 {
+        (st.output_tokens.saturating_sub(1)) as f64 / decode_s
+    } else {
+        0.0
+    };
+    st.drafts = spec_tot.num_drafts;
+    st.draft_tokens = spec_tot.num_draft_tokens;
+    st.accepted_tokens = spec_tot.num_accepted_tokens;
+    Ok(st)
+}
+
+fn cpu_name() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|v| v.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
+    let path = a
+        .model
+        .clone()
+        .unwrap_or_else(cachet_model::default_model_path);
+    let m = cachet_model::load_model(
+        &path,
+        &LoadOptions {
+            threads: a.threads,
+            progress: false,
+            ..Default::default()
+        },
+    )?;
+    let spec = SpecConfig {
+        num_speculative_tokens: a.num_speculative_tokens,
+        prompt_lookup_min: a.spec_ngram_min.max(1),
+        prompt_lookup_max: a.spec_ngram_max.max(a.spec_ngram_min.max(1)),
+    };
+    let file = code_file(a.functions);
+    let edit_prompt = chat(
+        &m,
+        &format!(
+            "Return this Rust file unchanged except that the function `mul_2` is renamed to `times_2`. Output only the code.\n\n```rust\n{file}```"
+        ),
+    )?;
+    let file_tokens = m
+        .tokenizer
+        .encode(&file, false)
+        .map_err(|e| BenchError::Setup(e.to_string()))?
+        .len();
+    let edit_max = (file_tokens + 32) as u32;
+    let free_prompt = chat(
+        &m,
+        "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    )?;
+    let mut workloads = Vec::new();
+    for (name, prompt, max) in [
+        (
+            format!("edit ({file_tokens}-token file)"),
+            &edit_prompt,
+            edit_max,
+        ),
+        ("free-form text".to_string(), &free_prompt, a.free_tokens),
+    ] {
+        let (mut off, mut on, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        // Warm-up (page in the weights, grow scratch buffers).
+        run_one(&m, prompt, 16, None)?;
+        for rep in 0..a.reps {
+            // Alternate which mode goes first, so drift hits both alike.
+            let (x, y) = if rep % 2 == 0 {
+                let x = run_one(&m, prompt, max, None)?;
+                (x, run_one(&m, prompt, max, Some(spec))?)
+            } else {
+                let y = run_one(&m, prompt, max, Some(spec))?;
+                (run_one(&m, prompt, max, None)?, y)
+            };
+            ratios.push(y.decode_tok_s / x.decode_tok_s.max(1e-9));
+            eprintln!(
+                "{name} rep {rep}: off {:.1} tok/s, on {:.1} tok/s ({} tokens, {} accepted of {} drafted)",
+                x.decode_tok_s, y.decode_tok_s, y.output_tokens, y.accepted_tokens, y.draft_tokens
+            );
+            off.push(x);
+            on.push(y);
+        }
+        let identical = off.iter().chain(&on).all(|r| r.tokens == off[0].tokens);
+        workloads.push(WorkloadResult {
+            name,
+            off,
+            on,
+            ratios,
+            identical,
+        });
+    }
+    let rep = SpecReport {
+        machine: cpu_name(),
+        loadavg: std::fs::read_to_string("/proc/loadavg")
+            .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+            .unwrap_or_default(),
+        threads: a.threads,
+        spec: format!(
+            "ngram, K = {}, n = {}..{}",
+            spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
+        ),
+        workloads,
+    };
+    if let Some(p) = &a.output_json {
+        let j = serde_json::to_string_pretty(&rep)?;
+        std::fs::write(p, j).map_err(|e| BenchError::io(p.display().to_string(), e))?;
+    }
+    Ok(rep)
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+fn range(v: &[f64]) -> (f64, f64) {
+    v.iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        })
+}
+
+/// The results as a markdown table.
+pub fn table(r: &SpecReport) -> String {
+    let mut out = format!(
+        "{} · {} threads · {} · load average at the end {}\n\n| workload | output tokens | decode tok/s off (range) | on (range) | on/off median (range) | accepted / drafted | tokens per step | identical greedy text |\n|---|---|---|---|---|---|---|---|\n",
+        r.machine, r.threads, r.spec, r.loadavg
+    );
+    for w in &r.workloads {
+        let off: Vec<f64> = w.off.iter().map(|x| x.decode_tok_s).collect();
+        let on: Vec<f64> = w.on.iter().map(|x| x.decode_tok_s).collect();
+        let (o0, o1) = range(&off);
+        let (n0, n1) = range(&on);
+        let (r0, r1) = range(&w.ratios);
+        let first = w.on.first().cloned().unwrap_or_default();
+        let acc = if first.draft_tokens > 0 {
+            format!(
+                "{} / {} ({:.0} %)",
+                first.accepted_tokens,
+                first.draft_tokens,
+                100.0 * first.accepted_tokens as f64 / first.draft_tokens as f64
+            )
+        } else {
+            "0 / 0".into()
+        };
+        out.push_str(&format!(
+            "| {} | {} | {:.1} ({:.1}–{:.1}) | {:.1} ({:.1}–{:.1}) | **{:.2}x** ({:.2}–{:.2}) | {} | {:.2} | {} |\n",
+            w.name,
+            first.output_tokens,
+            median(&off),
+            o0,
+            o1,
+            median(&on),
+            n0,
+            n1,
+            median(&w.ratios),
+            r0,
+            r1,
+            acc,
+            first.output_tokens as f64 / first.steps.max(1) as f64,
+            if w.identical { "yes" } else { "**no**" },
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_code_file_is_deterministic_and_varied() {
+        let f = code_file(3);
+        assert_eq!(f, code_file(3));
+        assert!(f.contains(
+            "pub fn add_0(x: u64) -> u64 {\n    let y = x + 3;\n    y.wrapping_mul(2)\n}"
+        ));
+        assert!(f.contains(
+            "pub fn mul_2(x: u64) -> u64 {\n    let y = x * 17;\n    y.wrapping_mul(4)\n}"
+        ));
+        assert_eq!(f.matches("pub fn").count(), 3);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0]), 2.5);
+    }
+}
