@@ -2,7 +2,8 @@
 //! bench's thread count (`cachet_kernels::probe`: int8 multiply-add peak per ISA level, f32
 //! FMA peak, streaming read bandwidth), and per phase of an executor step — qkv, attention,
 //! o/ffn, lm_head, the rest — the time, the achieved rate and its fraction of the limit, for
-//! prefill, batch-1 decode and batch-16 decode. The phase times come from the executor's own
+//! prefill, batch-1 decode, batch-16 decode and a 16-token chunk after 1,984 cached
+//! positions. The phase times come from the executor's own
 //! profiling (`LlamaExecutor::set_profiling`).
 //!
 //! Work model of a step with `T` computed tokens, `S` sampled rows and, per sequence, a
@@ -186,7 +187,13 @@ impl Totals {
     }
 }
 
-/// Measure the limits, then run the three scenarios with the executor's profiling on.
+/// The short-chunk scenario: `CHUNK` tokens computed after `CHUNK_CTX` positions of KV (the
+/// last block of a 2,000-token prompt after a KV load of the 124 full blocks before it).
+const CHUNK: usize = 16;
+const CHUNK_CTX: usize = 1984;
+
+/// Measure the limits, then run the four scenarios (prefill, batch-1 and batch-16 decode, a
+/// short chunk over a long context) with the executor's profiling on.
 pub(super) fn roofline_side(
     a: &KernelArgs,
     model: &LoadedModel,
@@ -207,7 +214,9 @@ pub(super) fn roofline_side(
     let reps = a.reps.max(1);
     let batch = 16usize;
     let per_seq = a.batch_ctx + reps * a.batch_steps + 2;
-    let need = (batch * per_seq.div_ceil(BLOCK)).max((a.prompt + 1).div_ceil(BLOCK));
+    let need = (batch * per_seq.div_ceil(BLOCK))
+        .max((a.prompt + 1).div_ceil(BLOCK))
+        .max((CHUNK_CTX + CHUNK + 1).div_ceil(BLOCK));
     let mut exec = model.executor(ExecutorConfig {
         block_size: BLOCK,
         num_blocks: need,
@@ -294,6 +303,43 @@ pub(super) fn roofline_side(
             &limits,
         ));
     }
+    // A short chunk over a long context: the last CHUNK tokens of a prompt after CHUNK_CTX
+    // positions of KV are in place (a cached prefix, or a KV load from a tier).
+    blocks.reset();
+    let ctoks = tokens(model, 3, CHUNK_CTX + CHUNK)?;
+    let mut s = [Seq {
+        slot: 0,
+        table: blocks.table(CHUNK_CTX + CHUNK + 1)?,
+        prompt: ctoks.clone(),
+        output: Vec::new(),
+        len: 0,
+    }];
+    step(&mut exec, &params, &mut s, &[ctoks[..CHUNK_CTX].to_vec()])?;
+    let mut t = Totals::default();
+    let tail = ctoks[CHUNK_CTX..].to_vec();
+    for r in 0..=reps {
+        s[0].len = CHUNK_CTX;
+        s[0].output.clear();
+        exec.set_profiling(r > 0);
+        let dt = step(&mut exec, &params, &mut s, std::slice::from_ref(&tail))?;
+        if r > 0 {
+            t.add_profile(&exec);
+            t.steps += 1;
+            t.tokens += CHUNK;
+            t.sampled += 1;
+            t.attended += (CHUNK * CHUNK_CTX + CHUNK * (CHUNK + 1) / 2) as f64;
+            t.kv_positions += (CHUNK_CTX + CHUNK) as f64;
+            t.wall += dt;
+        }
+    }
+    exec.set_profiling(false);
+    scenarios.push(scenario(
+        format!("chunk of {CHUNK} after {CHUNK_CTX} cached"),
+        &t,
+        &work,
+        &limits,
+    ));
+
     let weight_bytes = (work.qkv_bytes + work.ofn_bytes + work.head_bytes) as u64;
     let decode_bw_fraction = scenarios
         .get(1)
