@@ -425,7 +425,7 @@ fn finish_load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HostConfig;
+    use crate::config::{HostConfig, RedisConfig};
 
     fn ns() -> TierNamespace {
         TierNamespace {
@@ -540,6 +540,52 @@ mod tests {
         assert_eq!(c.inner.shared.buffers.free_buffers(), 0);
         assert_eq!(c.stats().host_evictions, 4);
         assert_eq!(held[0], 3);
+    }
+
+    #[test]
+    fn the_redis_writer_gives_its_payloads_back() {
+        // Redis down (nothing listens on the port): the writer settles each save as a failure
+        // and hands its payload back, so the next save reuses the buffer.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let c = TierClient::open_with(
+            TierConfig {
+                namespace: ns(),
+                host: None,
+                redis: Some(RedisConfig {
+                    target: crate::RedisTarget::Single(format!("redis://127.0.0.1:{port}")),
+                    secret: None,
+                    ttl: None,
+                    budget_bytes: None,
+                    timeout: Duration::from_millis(200),
+                    save_queue: 8,
+                    probe_interval: Duration::from_secs(60),
+                    key_prefix: "t".into(),
+                    ca_cert_pem: None,
+                }),
+                spare_bytes: 4 * 500,
+            },
+            false,
+        )
+        .unwrap();
+        assert!(!c.redis_up());
+        let mut addrs = Vec::new();
+        for i in 1..=2u8 {
+            let mut b = c.take_buffer(500);
+            b.resize(500, i);
+            addrs.push(b.as_ptr());
+            assert!(c.save(h(i), Payload::from(b), SaveTarget::Redis));
+        }
+        assert!(c.flush(Duration::from_secs(10)));
+        let s = c.stats();
+        assert_eq!(s.save_failures, 2);
+        assert_eq!((s.buffers.fresh, s.buffers.recycled), (2, 2));
+        let again = c.take_buffer(500);
+        assert!(addrs.contains(&again.as_ptr()), "a buffer the writer gave back");
+        assert_eq!(c.stats().buffers.warm, 1);
     }
 
     #[test]
