@@ -584,7 +584,10 @@ mod tests {
         assert_eq!(s.save_failures, 2);
         assert_eq!((s.buffers.fresh, s.buffers.recycled), (2, 2));
         let again = c.take_buffer(500);
-        assert!(addrs.contains(&again.as_ptr()), "a buffer the writer gave back");
+        assert!(
+            addrs.contains(&again.as_ptr()),
+            "a buffer the writer gave back"
+        );
         assert_eq!(c.stats().buffers.warm, 1);
     }
 
