@@ -250,19 +250,20 @@ impl Shadow {
             }
             b = (b + 1) & mask;
         }
-        let (tb, ti) = match at.or(free) {
-            Some(p) => p,
-            None => loop {
-                // Past the chain's end: the first bucket with room (the table is at most half
-                // full, so there is one).
-                b = (b + 1) & mask;
-                let bk = &self.table[b];
-                let room =
-                    (0..SLOTS).find(|&i| bk.tags[i] == 0 || self.in_window(bk.seqs[i]).is_none());
-                if let Some(i) = room {
-                    break (b, i);
-                }
-            },
+        // Else past the chain's end: the first bucket with room (the table is at most half
+        // full, so there is one within a turn).
+        let place = at.or(free).or_else(|| {
+            (1..=self.table.len()).find_map(|d| {
+                let c = (b + d) & mask;
+                let bk = &self.table[c];
+                (0..SLOTS)
+                    .find(|&i| bk.tags[i] == 0 || self.in_window(bk.seqs[i]).is_none())
+                    .map(|i| (c, i))
+            })
+        });
+        let Some((tb, ti)) = place else {
+            debug_assert!(false, "shadow table full");
+            return;
         };
         let mut p = home;
         while p != tb {
