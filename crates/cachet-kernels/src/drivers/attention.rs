@@ -111,8 +111,11 @@ fn attend_rows<T: KvElem>(
 }
 
 /// Fewest (token, head) rows per pass for which the row-vectorised kernel beats one pass per
-/// token tile with horizontal score sums (measured with `examples/perf`, `PREFILL_ATTN`).
-const MIN_ROWS: usize = 8;
+/// token tile with horizontal score sums. Measured (`examples/perf`, `PREFILL_ATTN=N@1984`,
+/// 9/3 heads, one thread, CPU ms per layer, old / row-vectorised): 2 tokens (6 rows) 0.127 /
+/// 0.185 on AVX-512, 0.170 / 0.210 on AVX2; 3 tokens (9 rows) 0.165 / 0.185 and 0.225 / 0.279;
+/// 4 tokens (12 rows) 0.205 / 0.172 and 0.284 / 0.281; 8 tokens 0.361 / 0.273 and 0.512 / 0.434.
+const MIN_ROWS: usize = 12;
 
 /// Query tokens per pass of the row-vectorised kernel (balanced tiles of at most 64 rows), or
 /// `None` when the shape goes to the per-token-tile kernels (one token, too few rows, a
