@@ -45,12 +45,10 @@ impl KvStore for f32 {
         dst.copy_from_slice(src);
     }
     fn write_le(src: &[Self], out: &mut Vec<u8>) {
-        out.extend(src.iter().flat_map(|v| v.to_le_bytes()));
+        write_le_bytes(src, out, f32::to_le_bytes);
     }
     fn read_le(src: &[u8], dst: &mut [Self]) {
-        for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
-            *d = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
+        read_le_bytes(src, dst, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
     }
 }
 
@@ -63,12 +61,37 @@ impl KvStore for half::f16 {
         dst.convert_from_f32_slice(src);
     }
     fn write_le(src: &[Self], out: &mut Vec<u8>) {
-        out.extend(src.iter().flat_map(|v| v.to_le_bytes()));
+        write_le_bytes(src, out, half::f16::to_le_bytes);
     }
     fn read_le(src: &[u8], dst: &mut [Self]) {
-        for (d, c) in dst.iter_mut().zip(src.chunks_exact(2)) {
-            *d = half::f16::from_le_bytes([c[0], c[1]]);
-        }
+        read_le_bytes(src, dst, |c| half::f16::from_le_bytes([c[0], c[1]]));
+    }
+}
+
+/// Append `src` as little-endian bytes: one `memcpy` on a little-endian CPU (a block's save is
+/// ~370 KB for the default model, and an element-wise loop measured several times slower).
+fn write_le_bytes<T: bytemuck::Pod, const N: usize>(
+    src: &[T],
+    out: &mut Vec<u8>,
+    _to_le: fn(T) -> [u8; N],
+) {
+    #[cfg(target_endian = "little")]
+    out.extend_from_slice(bytemuck::cast_slice(src));
+    #[cfg(not(target_endian = "little"))]
+    out.extend(src.iter().flat_map(|&v| _to_le(v)));
+}
+
+/// `dst` from little-endian bytes (`src.len() == dst.len() * size_of::<T>()`): one `memcpy` on a
+/// little-endian CPU.
+fn read_le_bytes<T: bytemuck::Pod>(src: &[u8], dst: &mut [T], _from_le: fn(&[u8]) -> T) {
+    #[cfg(target_endian = "little")]
+    bytemuck::cast_slice_mut::<T, u8>(dst).copy_from_slice(src);
+    #[cfg(not(target_endian = "little"))]
+    for (d, c) in dst
+        .iter_mut()
+        .zip(src.chunks_exact(std::mem::size_of::<T>()))
+    {
+        *d = _from_le(c);
     }
 }
 
@@ -157,5 +180,75 @@ impl Arena {
             Arena::F16(l) => load(l, r, data),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two layers, blocks of 3 elements: element `i` of layer `l`'s K holds `l*100 + i`, V the
+    /// negation.
+    fn arena_f16() -> Arena {
+        let mut layers = new_layers::<half::f16>(2, 3 * 4);
+        for (l, layer) in layers.iter_mut().enumerate() {
+            for i in 0..12 {
+                layer.k[i] = half::f16::from_f32((l * 100 + i) as f32);
+                layer.v[i] = half::f16::from_f32(-((l * 100 + i) as f32));
+            }
+        }
+        Arena::F16(layers)
+    }
+
+    #[test]
+    fn a_saved_block_is_each_layers_k_then_v_little_endian() {
+        let a = arena_f16();
+        let mut out = vec![0xAB];
+        a.save_block(2, 3, &mut out);
+        // Block 2 is elements 6..9. f16 of 6, 7, 8 is 0x4600, 0x4700, 0x4800; of -6.. the sign
+        // bit set; 106, 107, 108 are 0x56A0, 0x56B0, 0x56C0.
+        let want: Vec<u8> = [
+            0x4600u16, 0x4700, 0x4800, 0xC600, 0xC700, 0xC800, // layer 0: K, V
+            0x56A0, 0x56B0, 0x56C0, 0xD6A0, 0xD6B0, 0xD6C0, // layer 1: K, V
+        ]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+        assert_eq!(out[0], 0xAB, "appends");
+        assert_eq!(&out[1..], &want[..]);
+        assert_eq!(out.len() - 1, a.block_bytes(3));
+    }
+
+    #[test]
+    fn a_loaded_block_restores_exactly_what_was_saved() {
+        let mut a = arena_f16();
+        let mut saved = Vec::new();
+        a.save_block(1, 3, &mut saved);
+        a.load_block(3, 3, &saved).expect("right size");
+        let Arena::F16(layers) = &a else {
+            unreachable!()
+        };
+        for (l, layer) in layers.iter().enumerate() {
+            for j in 0..3 {
+                assert_eq!(layer.k[9 + j].to_f32(), (l * 100 + 3 + j) as f32);
+                assert_eq!(layer.v[9 + j].to_f32(), -((l * 100 + 3 + j) as f32));
+            }
+        }
+        assert!(a.load_block(0, 3, &saved[1..]).is_err(), "a short value is refused");
+
+        let mut f = Arena::F32(new_layers::<f32>(1, 4));
+        let bytes: Vec<u8> = [1.5f32, -2.0, 0.25, 8.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        f.load_block(1, 2, &bytes).expect("right size");
+        let mut back = Vec::new();
+        f.save_block(1, 2, &mut back);
+        assert_eq!(back, bytes);
+        let Arena::F32(layers) = &f else {
+            unreachable!()
+        };
+        assert_eq!(layers[0].k, [0.0, 0.0, 1.5, -2.0]);
+        assert_eq!(layers[0].v, [0.0, 0.0, 0.25, 8.0]);
     }
 }
