@@ -36,7 +36,7 @@ pub struct SpecArgs {
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
     /// Functions in the generated code file (about 40 tokens each).
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = 17)]
     pub functions: usize,
     /// Most tokens generated for the free-form workload.
     #[arg(long, default_value_t = 256)]
@@ -260,6 +260,26 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
             );
             off.push(x);
             on.push(y);
+        }
+        if let Some(r) = off.first() {
+            let text = m.tokenizer.decode(&r.tokens, false).unwrap_or_default();
+            let head: String = text.chars().take(400).collect();
+            eprintln!("{name}: the answer begins {head:?}");
+        }
+        for (label, r) in off
+            .iter()
+            .map(|r| ("off", r))
+            .chain(on.iter().map(|r| ("on", r)))
+        {
+            let first_diff = r
+                .tokens
+                .iter()
+                .zip(&off[0].tokens)
+                .position(|(a, b)| a != b);
+            eprintln!(
+                "{name}: {label} run: {} tokens, first difference from the first plain run at {first_diff:?}",
+                r.tokens.len()
+            );
         }
         let identical = off.iter().chain(&on).all(|r| r.tokens == off[0].tokens);
         workloads.push(WorkloadResult {

@@ -286,7 +286,43 @@ struct EngineMetrics {
     tenants: Vec<Family<Labels, Counter>>,
     /// `cachet:prefix_cache_hit_rate{pool_scale}`.
     hit_rate: Family<Labels, GaugeF64>,
+    /// One per [`SPEC_COUNTERS`] entry, same order.
+    spec: Vec<Counter>,
+    /// `vllm:spec_decode_num_accepted_tokens_per_pos{position}`.
+    spec_per_pos: Family<Labels, Counter>,
 }
+
+/// A speculative-decoding counter: (metric, help, the step's field).
+type SpecCounter = (
+    &'static str,
+    &'static str,
+    fn(&cachet_core::spec::SpecDecodeStats) -> u64,
+);
+
+/// Speculative decoding (`--speculative ngram`), vLLM's names; zero without speculation.
+pub const SPEC_COUNTERS: &[SpecCounter] = &[
+    (
+        "vllm:spec_decode_num_drafts",
+        "Number of spec decoding drafts.",
+        |s| s.num_drafts,
+    ),
+    (
+        "vllm:spec_decode_num_draft_tokens",
+        "Number of draft tokens.",
+        |s| s.num_draft_tokens,
+    ),
+    (
+        "vllm:spec_decode_num_accepted_tokens",
+        "Number of accepted tokens.",
+        |s| s.num_accepted_tokens,
+    ),
+];
+
+/// `vllm:spec_decode_num_accepted_tokens_per_pos`'s name and help.
+const SPEC_PER_POS: (&str, &str) = (
+    "vllm:spec_decode_num_accepted_tokens_per_pos",
+    "Accepted tokens per draft position.",
+);
 
 /// A per-tenant counter: (metric, help, the delta's field).
 type TenantCounter = (
@@ -451,6 +487,16 @@ impl MetricsHandle {
             HIT_RATE_HELP,
             hit_rate.clone(),
         );
+        let spec = SPEC_COUNTERS
+            .iter()
+            .map(|(name, help, _)| {
+                let c = Counter::default();
+                r.register(*name, *help, c.clone());
+                c
+            })
+            .collect();
+        let spec_per_pos = Family::<Labels, Counter>::default();
+        r.register(SPEC_PER_POS.0, SPEC_PER_POS.1, spec_per_pos.clone());
         let cache_info = Family::<Labels, Gauge>::default();
         cache_info.get_or_create(&cache.labels()).set(1);
         r.register(
@@ -495,6 +541,8 @@ impl MetricsHandle {
                 sleep_state,
                 tenants,
                 hit_rate,
+                spec,
+                spec_per_pos,
             }),
             http: Arc::new(http),
         };
@@ -603,6 +651,16 @@ impl StatLogger for PrometheusLogger {
         ] {
             m.hit_rate.get_or_create(&label("pool_scale", scale)).set(v);
         }
+        if !step.spec.is_zero() {
+            for ((_, _, value), c) in SPEC_COUNTERS.iter().zip(&m.spec) {
+                c.inc_by(value(&step.spec));
+            }
+            for (pos, &v) in step.spec.accepted_per_pos.iter().enumerate() {
+                m.spec_per_pos
+                    .get_or_create(&label("position", &pos.to_string()))
+                    .inc_by(v);
+            }
+        }
         for f in &step.finished {
             m.request_success
                 .get_or_create(&label("finished_reason", f.finish_reason.as_str()))
@@ -701,6 +759,13 @@ pub fn markdown_table() -> String {
             "| `{name}_total{{tenant}}` | counter | {help} |\n"
         ));
     }
+    for (name, help, _) in SPEC_COUNTERS {
+        out.push_str(&format!("| `{name}_total` | counter | {help} |\n"));
+    }
+    out.push_str(&format!(
+        "| `{}_total{{position}}` | counter | {} |\n",
+        SPEC_PER_POS.0, SPEC_PER_POS.1
+    ));
     let mut seen: Vec<&str> = Vec::new();
     for c in COUNTERS {
         match c.label {

@@ -18,6 +18,14 @@ pub enum Policy {
     Priority,
 }
 
+/// Speculative decoding methods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Speculative {
+    /// Prompt lookup: drafts are the tokens that followed the last n-gram's most recent
+    /// earlier occurrence in the prompt and output (vLLM's `ngram`).
+    Ngram,
+}
+
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
     /// Which executor runs the model.
@@ -99,9 +107,32 @@ pub struct EngineArgs {
     /// (tests of the engine-death path).
     #[arg(long, hide = true)]
     pub sim_panic_on: Option<String>,
+    /// Speculative decoding (off by default): `ngram` drafts by prompt lookup, verified in
+    /// one forward; greedy output is identical, sampled output distributed as without it.
+    #[arg(long, value_enum)]
+    pub speculative: Option<Speculative>,
+    /// Most draft tokens per request and step.
+    #[arg(long, default_value_t = 5)]
+    pub num_speculative_tokens: usize,
+    /// Shortest n-gram the prompt lookup matches.
+    #[arg(long, default_value_t = 2)]
+    pub spec_ngram_min: usize,
+    /// Longest n-gram the prompt lookup matches (tried first).
+    #[arg(long, default_value_t = 4)]
+    pub spec_ngram_max: usize,
 }
 
 impl EngineArgs {
+    /// The speculative decoding settings (`None`: off).
+    pub fn spec_config(&self) -> Option<cachet_core::spec::SpecConfig> {
+        self.speculative
+            .map(|Speculative::Ngram| cachet_core::spec::SpecConfig {
+                num_speculative_tokens: self.num_speculative_tokens,
+                prompt_lookup_min: self.spec_ngram_min.max(1),
+                prompt_lookup_max: self.spec_ngram_max.max(self.spec_ngram_min.max(1)),
+            })
+    }
+
     /// What the recorder keeps for cache insight.
     pub fn insight(&self) -> cachet_engine::InsightConfig {
         cachet_engine::InsightConfig {
@@ -141,6 +172,10 @@ impl Default for EngineArgs {
             eviction_shadow_blocks: None,
             max_tenant_labels: 64,
             request_history: 256,
+            speculative: None,
+            num_speculative_tokens: 5,
+            spec_ngram_min: 2,
+            spec_ngram_max: 4,
         }
     }
 }

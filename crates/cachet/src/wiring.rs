@@ -107,6 +107,7 @@ fn scheduler_config(
         max_waiting_requests: a.max_waiting_requests,
         session_idle_timeout_s: a.session_idle_timeout,
         session_kv_budget_blocks: a.session_kv_budget,
+        speculative: a.spec_config(),
         ..SchedulerConfig::default()
     }
 }
