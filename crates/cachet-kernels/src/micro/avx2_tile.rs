@@ -94,10 +94,13 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
     for g in 0..NG {
         for h in 0..2 {
             let mut accf = [_mm256_setzero_ps(); MR];
+            // The next block to prefetch (see `TileJob::prefetch`).
+            let mut pf_next = job.prefetch_phase;
             for b in 0..p.nb {
                 let base = w0.add(g * gb + b * F::STRIDE);
-                if job.prefetch != 0 && h == 0 {
+                if job.prefetch != 0 && h == 0 && b == pf_next {
                     super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
+                    pf_next += job.prefetch_every;
                 }
                 macro_rules! wv {
                     ($s:expr) => {

@@ -142,13 +142,16 @@ pub(crate) unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &Ti
     let m4 = _mm512_set1_epi8(0x0F);
     let negoff = _mm512_set1_ps(-(F::OFF as f32));
     let mut accf = [[_mm512_setzero_ps(); NG]; MR];
+    // The next block to prefetch (see `TileJob::prefetch`).
+    let mut pf_next = job.prefetch_phase;
     for b in 0..p.nb {
         let mut acci = [[_mm512_setzero_si512(); NG]; MR];
-        if job.prefetch != 0 {
+        if job.prefetch != 0 && b == pf_next {
             for g in 0..NG {
                 let base = w0.add(g * gb + b * F::STRIDE);
                 super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
             }
+            pf_next += job.prefetch_every;
         }
         for g in 0..NG {
             let base = w0.add(g * gb + b * F::STRIDE);

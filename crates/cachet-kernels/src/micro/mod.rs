@@ -70,8 +70,12 @@ pub(crate) struct TileJob<'a> {
     pub(crate) nvalid: usize,
     /// Byte distance from this job's weights to the next weights its task will read (`0`:
     /// none): the kernel prefetches them block by block while it computes, so that the
-    /// first tile of the next groups does not wait for DRAM.
+    /// first tile of the next groups does not wait for DRAM. Only the blocks `b` with
+    /// `b % prefetch_every == prefetch_phase` (the driver spreads one prefetch over several
+    /// tiles).
     pub(crate) prefetch: usize,
+    pub(crate) prefetch_every: usize,
+    pub(crate) prefetch_phase: usize,
 }
 
 /// Prefetch, into L1, the `bytes` bytes at `p` (one hint per cache line).
