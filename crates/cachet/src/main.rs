@@ -25,6 +25,8 @@ enum OutputFormat {
     Json,
 }
 
+// Parsed once at startup: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve the OpenAI- and Anthropic-compatible HTTP API.
