@@ -234,7 +234,10 @@ mod tests {
                 assert_eq!(layer.v[9 + j].to_f32(), -((l * 100 + 3 + j) as f32));
             }
         }
-        assert!(a.load_block(0, 3, &saved[1..]).is_err(), "a short value is refused");
+        assert!(
+            a.load_block(0, 3, &saved[1..]).is_err(),
+            "a short value is refused"
+        );
 
         let mut f = Arena::F32(new_layers::<f32>(1, 4));
         let bytes: Vec<u8> = [1.5f32, -2.0, 0.25, 8.0]
