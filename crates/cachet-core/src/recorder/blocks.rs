@@ -157,6 +157,11 @@ fn write_around_cache(dst: &mut [TokenId], src: &[TokenId]) {
                 std::arch::x86_64::_mm_stream_si32((d as *mut TokenId).cast::<i32>(), s as i32)
             };
         }
+        // Non-temporal stores must be fenced by the storing thread before anything else reads
+        // the memory (the contract of `_mm_stream_si32`; Rust's memory model has no weakly
+        // ordered store otherwise).
+        // SAFETY: SSE2 is part of x86_64.
+        unsafe { std::arch::x86_64::_mm_sfence() };
     }
     #[cfg(not(target_arch = "x86_64"))]
     dst.copy_from_slice(src);
