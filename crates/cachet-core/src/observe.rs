@@ -123,8 +123,16 @@ pub enum Effect<'a> {
         /// The pool after the fork, read-only.
         pool: &'a BlockPool,
     },
-    /// A token was appended to the request (`first`: its first output token).
-    Sampled { slot: u32, now: f64, first: bool },
+    /// A token was appended to the request (`first`: its first output token). `same_step`: a
+    /// token after an accepted draft, committed in the same step as the request's previous
+    /// token — a generated token, but no inter-token interval of its own (vLLM observes the
+    /// inter-token latency once per step and request).
+    Sampled {
+        slot: u32,
+        now: f64,
+        first: bool,
+        same_step: bool,
+    },
     /// The request ended; its slot is free after this call.
     Finished {
         slot: u32,

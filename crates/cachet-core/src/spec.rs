@@ -234,6 +234,7 @@ impl<O: Observer> Scheduler<O> {
                 slot,
                 now,
                 first: false,
+                same_step: true,
             });
             let stop = self.check_stop(slot, tok.token);
             let mut u = match stop {

@@ -144,6 +144,7 @@ impl<O: Observer> Scheduler<O> {
             self.obs.observe(Effect::Sampled {
                 slot,
                 now,
+                same_step: false,
                 first: prefill,
             });
             let mut u = match self.check_stop(slot, sampled.token) {

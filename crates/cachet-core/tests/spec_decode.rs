@@ -151,7 +151,7 @@ const COPY: [u32; 12] = [2, 3, 4, 5, 6, 7, 50, 51, 52, 53, 54, 55];
 
 #[test]
 fn a_copying_request_gets_drafts_capped_at_the_block_end_and_accepts_them() {
-    let on = run(config(spec3()), draft("a", &PROMPT, 10), &COPY);
+    let mut on = run(config(spec3()), draft("a", &PROMPT, 10), &COPY);
     // Step 1: the prompt (10 tokens, blocks 0..2), sampling 2.
     assert_eq!(
         chunk(&on.plans[0]),
@@ -209,6 +209,19 @@ fn a_copying_request_gets_drafts_capped_at_the_block_end_and_accepts_them() {
     }
     assert_eq!(on.stats, off.stats);
     assert_eq!(on.s.observer().totals(), off.s.observer().totals());
+
+    // Inter-token latency is one interval per step and request, as vLLM observes it: steps
+    // are 1.0 apart, so the speculative run's 5 steps after the first token give five 1.0 s
+    // intervals (tokens committed after an accepted draft add none), the plain run's 9 nine.
+    assert_eq!(
+        on.s.observer_mut().take_latency_samples().itl_s,
+        vec![1.0; 5]
+    );
+    let mut off = off;
+    assert_eq!(
+        off.s.observer_mut().take_latency_samples().itl_s,
+        vec![1.0; 9]
+    );
 }
 
 #[test]

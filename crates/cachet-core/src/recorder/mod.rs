@@ -381,9 +381,13 @@ impl Observer for Recorder {
             slot,
             now,
             first: false,
+            same_step,
         } = effect
         {
             self.totals.generation_tokens += 1;
+            if same_step {
+                return;
+            }
             if let Some(last) = self.last_token.get_mut(slot as usize) {
                 self.samples.itl_s.push((now - *last).max(0.0));
                 *last = now;
@@ -627,8 +631,16 @@ impl Recorder {
                 }
                 r.creation_floor = r.creation_floor.max(kv.committed_until);
             }
-            Effect::Sampled { slot, now, first } => {
+            Effect::Sampled {
+                slot,
+                now,
+                first,
+                same_step,
+            } => {
                 self.totals.generation_tokens += 1;
+                if same_step && !first {
+                    return;
+                }
                 let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
                     return;
                 };

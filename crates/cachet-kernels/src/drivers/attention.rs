@@ -110,6 +110,14 @@ fn attend_rows<T: KvElem>(
     false
 }
 
+/// Whether several query tokens go to the row-vectorised kernel. Off: a token's attention must
+/// not depend on how many tokens share its pass — chunked prefill, batching, prefix-cache hits
+/// and speculative verification all give bit-identical logits (cachet-model's
+/// `batch_of_8_equals_each_alone` and `seeded_sampling_is_batch_independent`), and this
+/// kernel sums in another order than the per-token kernels a one-token decode runs. It stays
+/// tested against the reference (`micro::attend_rows`) for when decode can run on it too.
+const ROWS_KERNEL: bool = false;
+
 /// Fewest (token, head) rows per pass for which the row-vectorised kernel beats one pass per
 /// token tile with horizontal score sums. Measured (`examples/perf`, `PREFILL_ATTN=N@1984`,
 /// 9/3 heads, one thread, CPU ms per layer, old / row-vectorised): 2 tokens (6 rows) 0.127 /
@@ -121,6 +129,9 @@ const MIN_ROWS: usize = 12;
 /// `None` when the shape goes to the per-token-tile kernels (one token, too few rows, a
 /// portable level).
 fn rows_tile(isa: Isa, a: &PagedAttnArgs) -> Option<usize> {
+    if !ROWS_KERNEL {
+        return None;
+    }
     let gs = a.n_heads / a.n_kv_heads;
     let max_tok = 64 / gs.max(1);
     if isa < Isa::Avx2 || a.n_tokens < 2 || max_tok == 0 || !a.head_dim.is_multiple_of(8) {

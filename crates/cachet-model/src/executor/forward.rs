@@ -290,25 +290,33 @@ pub(super) fn forward_impl<T: KvStore>(
         s.prof.mark(3);
         if batch.seqs.len() == 1 {
             // One sequence (e.g. batch-1 decode): spread (token, kv head) items over the pool.
+            // A chunk with drafts attends one token at a time, as the decode steps it stands
+            // for would (the parallel kernel splits the work by the number of query tokens,
+            // and the sums' order with it).
             let seq = &batch.seqs[0];
-            let args = PagedAttnArgs {
-                block_table: seq.block_table,
-                block_size,
-                n_heads: nh,
-                n_kv_heads: nkv,
-                head_dim: hd,
-                start_pos: seq.start_pos,
-                n_tokens: t_n,
-                scale,
-            };
-            paged_attention_parallel::<T>(
-                pool,
-                &args,
-                &s.q[..t_n * qd],
-                &kv.k,
-                &kv.v,
-                &mut s.att[..t_n * qd],
-            );
+            let drafts = seq.sample.as_ref().is_some_and(|sp| !sp.drafts.is_empty());
+            let per_call = if drafts { 1 } else { t_n };
+            for a in (0..t_n).step_by(per_call.max(1)) {
+                let n = per_call.min(t_n - a);
+                let args = PagedAttnArgs {
+                    block_table: seq.block_table,
+                    block_size,
+                    n_heads: nh,
+                    n_kv_heads: nkv,
+                    head_dim: hd,
+                    start_pos: seq.start_pos + a,
+                    n_tokens: n,
+                    scale,
+                };
+                paged_attention_parallel::<T>(
+                    pool,
+                    &args,
+                    &s.q[a * qd..(a + n) * qd],
+                    &kv.k,
+                    &kv.v,
+                    &mut s.att[a * qd..(a + n) * qd],
+                );
+            }
         } else {
             let att = SendPtr(s.att.as_mut_ptr());
             let tasks = &s.tasks;

@@ -379,9 +379,13 @@ impl LlamaExecutor {
                 s.sample_rows.push(s.pos.len() - 1);
             }
             let n = seq.tokens.len();
+            // A chunk with drafts attends token by token, each exactly as a decode step at its
+            // position would (same kernel, same split of the context), so the logits that
+            // verify a draft are bit-identical to plain decoding's.
+            let per_task = if drafts > 0 { 1 } else { ATTN_TASK_TOKENS };
             let mut a = 0;
             while a < n {
-                let e = (a + ATTN_TASK_TOKENS).min(n);
+                let e = (a + per_task).min(n);
                 s.tasks.push((si, a, e));
                 a = e;
             }
