@@ -107,7 +107,15 @@ impl<T: TokenizerRef> IncrementalDetokenizer<T> {
             return Err(TokenizerError::UnknownToken { id, vocab_size });
         }
         let before = self.window.len();
-        self.window.extend_from_slice(ids);
+        if self.skip_special_tokens {
+            // Skipped special ids decode to nothing: keeping them out of the window keeps an
+            // incomplete character within the last CUT_TRIES ids even when a special id falls
+            // between its bytes.
+            self.window
+                .extend(ids.iter().copied().filter(|&id| !tok.is_special(id)));
+        } else {
+            self.window.extend_from_slice(ids);
+        }
         let decoded = tok
             .decode(&self.window[..self.read], self.skip_special_tokens)
             .and_then(|p| {
@@ -216,6 +224,22 @@ mod tests {
         assert_eq!(d.push(&e[5..]).unwrap(), "😀");
         assert_eq!(d.flush().unwrap(), "");
         assert_eq!(d.tokens_seen(), 6);
+    }
+
+    #[test]
+    fn a_skipped_special_between_a_characters_bytes_changes_nothing() {
+        // 𝕒 is F0 9D 95 92: three of its bytes and a BOS between them are four ids, one more
+        // than the cut search looks back; a skipped special must not count (found by
+        // `byte_detokenizer_streams_valid_text_exactly`, which printed "0 \u{FFFD}" then
+        // "\u{FFFD}b").
+        let tok = ByteTokenizer;
+        let mut d = IncrementalDetokenizer::new(&tok as &dyn TextTokenizer, true);
+        let mut e = ids("0 𝕒b".as_bytes());
+        e.insert(3, ByteTokenizer::BOS);
+        assert_eq!(d.push(&e[..6]).unwrap(), "0 ");
+        assert_eq!(d.push(&e[6..]).unwrap(), "𝕒b");
+        assert_eq!(d.flush().unwrap(), "");
+        assert_eq!(d.tokens_seen(), 8);
     }
 
     #[test]
