@@ -29,23 +29,6 @@ pub fn paged_attention<T: KvElem>(
     check_args(args, q, k, v, out);
     let isa = isa::active();
     let gs = args.n_heads / args.n_kv_heads;
-    if let Some(qt) = rows_tile(isa, args) {
-        // Several query tokens: each pass takes up to 64 (token, head) rows of one kv group.
-        let mut part = vec![0f32; qt * gs * (args.head_dim + 2)];
-        let mut t = 0;
-        while t < args.n_tokens {
-            let nq = qt.min(args.n_tokens - t);
-            for g in 0..args.n_kv_heads {
-                let range = (0, args.start_pos + t + nq);
-                if !attend_rows(isa, args, q, k, v, (t, nq), g, range, &mut part) {
-                    attend_part(isa, args, q, k, v, (t, nq), g, range, &mut part);
-                }
-                finalize(args, &part, (t, nq), g, out);
-            }
-            t += nq;
-        }
-        return;
-    }
     let qt = tile_tokens(gs);
     let stride = gs * (args.head_dim + 2);
     let mut part = vec![0f32; qt.max(1) * stride * args.n_kv_heads];
@@ -88,128 +71,6 @@ fn attend_all_groups<T: KvElem>(
     false
 }
 
-/// The row-vectorised kernel (`micro::attend_rows`) over query tokens `t..t + nq` × kv group `g`;
-/// false where it does not take the shape (the caller then runs [`attend_part`]).
-#[allow(clippy::too_many_arguments)]
-fn attend_rows<T: KvElem>(
-    isa: Isa,
-    a: &PagedAttnArgs,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    (t, nq): (usize, usize),
-    g: usize,
-    range: (usize, usize),
-    part: &mut [f32],
-) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 {
-        return micro::attend_rows(isa, a, q, k, v, (t, nq), g, range, part);
-    }
-    let _ = (isa, a, q, k, v, t, nq, g, range, part);
-    false
-}
-
-/// Whether several query tokens go to the row-vectorised kernel. Off: a token's attention must
-/// not depend on how many tokens share its pass — chunked prefill, batching, prefix-cache hits
-/// and speculative verification all give bit-identical logits (cachet-model's
-/// `batch_of_8_equals_each_alone` and `seeded_sampling_is_batch_independent`), and this
-/// kernel sums in another order than the per-token kernels a one-token decode runs. It stays
-/// tested against the reference (`micro::attend_rows`) for when decode can run on it too.
-const ROWS_KERNEL: bool = false;
-
-/// Fewest (token, head) rows per pass for which the row-vectorised kernel beats one pass per
-/// token tile with horizontal score sums. Measured (`examples/perf`, `PREFILL_ATTN=N@1984`,
-/// 9/3 heads, one thread, CPU ms per layer, old / row-vectorised): 2 tokens (6 rows) 0.127 /
-/// 0.185 on AVX-512, 0.170 / 0.210 on AVX2; 3 tokens (9 rows) 0.165 / 0.185 and 0.225 / 0.279;
-/// 4 tokens (12 rows) 0.205 / 0.172 and 0.284 / 0.281; 8 tokens 0.361 / 0.273 and 0.512 / 0.434.
-const MIN_ROWS: usize = 12;
-
-/// Query tokens per pass of the row-vectorised kernel (balanced tiles of at most 64 rows), or
-/// `None` when the shape goes to the per-token-tile kernels (one token, too few rows, a
-/// portable level).
-fn rows_tile(isa: Isa, a: &PagedAttnArgs) -> Option<usize> {
-    if !ROWS_KERNEL {
-        return None;
-    }
-    let gs = a.n_heads / a.n_kv_heads;
-    let max_tok = 64 / gs.max(1);
-    if isa < Isa::Avx2 || a.n_tokens < 2 || max_tok == 0 || !a.head_dim.is_multiple_of(8) {
-        return None;
-    }
-    let tiles = a.n_tokens.div_ceil(max_tok);
-    let qt = a.n_tokens.div_ceil(tiles);
-    (qt * gs >= MIN_ROWS).then_some(qt)
-}
-
-/// [`paged_attention_parallel`] for several query tokens on the row-vectorised kernel: items
-/// are (token tile, kv group) pairs, and when there are too few of those to keep every thread
-/// busy (a short chunk over a long context) each tile's positions are also split into
-/// segments, merged flash-decoding style.
-#[allow(clippy::too_many_arguments)]
-fn rows_parallel<T: KvElem>(
-    pool: &ThreadPool,
-    isa: Isa,
-    a: &PagedAttnArgs,
-    qt: usize,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    out: &mut [f32],
-) {
-    let gs = a.n_heads / a.n_kv_heads;
-    let nkv = a.n_kv_heads;
-    let rs = a.head_dim + 2;
-    let span = qt * gs * rs;
-    let tiles = a.n_tokens.div_ceil(qt);
-    let nt = pool.n_threads();
-    let items = tiles * nkv;
-    let ctx_max = a.start_pos + a.n_tokens;
-    let segs = if items >= 4 * nt || nt == 1 {
-        1
-    } else {
-        // At least 4 items per thread, in a multiple of the thread count where the context
-        // is long enough (9 items on 2 threads would leave one idle for a ninth).
-        let most = (ctx_max / MIN_SEGMENT).max(1);
-        let mut s = (4 * nt).div_ceil(items).min(most);
-        while s < most && !(items * s).is_multiple_of(nt) {
-            s += 1;
-        }
-        s
-    };
-    let mut parts = vec![0f32; items * segs * span];
-    let pp = SendPtr(parts.as_mut_ptr());
-    let op = SendPtr(out.as_mut_ptr());
-    let out_len = out.len();
-    pool.parallel_for(items * segs, &|item| {
-        let (pair, seg) = (item / segs, item % segs);
-        let (tile, g) = (pair / nkv, pair % nkv);
-        let t = tile * qt;
-        let nq = qt.min(a.n_tokens - t);
-        let end = a.start_pos + t + nq;
-        let len = end.div_ceil(segs);
-        let range = ((seg * len).min(end), ((seg + 1) * len).min(end));
-        // SAFETY: each item owns the disjoint slice `item * span..(item + 1) * span`.
-        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * span), span) };
-        if !attend_rows(isa, a, q, k, v, (t, nq), g, range, part) {
-            attend_part(isa, a, q, k, v, (t, nq), g, range, part);
-        }
-        if segs == 1 {
-            // SAFETY: item (tile, g) writes only its tokens' rows of the heads of group g,
-            // which are disjoint across items; `out` outlives the parallel_for.
-            let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
-            finalize(a, part, (t, nq), g, out);
-        }
-    });
-    if segs > 1 {
-        let at = |pair: usize, seg: usize| {
-            let (t, g) = (pair / nkv, pair % nkv);
-            (((t / qt) * nkv + g) * segs + seg) * span + (t % qt) * gs * rs
-        };
-        merge_segments(a, &parts, a.n_tokens * nkv, segs, at, out);
-    }
-}
-
 /// Query tokens processed together per K/V pass (rows = tokens × group size <= 64).
 fn tile_tokens(gs: usize) -> usize {
     (64 / gs.max(1)).clamp(1, 8)
@@ -232,9 +93,6 @@ pub fn paged_attention_parallel<T: KvElem>(
     check_args(args, q, k, v, out);
     let isa = isa::active();
     let a = args;
-    if let Some(qt) = rows_tile(isa, a) {
-        return rows_parallel(pool, isa, a, qt, q, k, v, out);
-    }
     let gs = a.n_heads / a.n_kv_heads;
     let stride = gs * (a.head_dim + 2);
     let pairs = a.n_tokens * a.n_kv_heads;

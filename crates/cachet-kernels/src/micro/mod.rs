@@ -17,8 +17,6 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod attn_rows;
-#[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2_attn;
@@ -361,89 +359,6 @@ pub(crate) fn attend_groups<T: KvElem>(
             128 => run!(attn_avx2, 16),
             256 => run!(attn_avx2, 32),
             _ => return false,
-        }
-    }
-    true
-}
-
-/// Attention of query tokens `t..t + nq` × the heads of kv group `g` over positions `p0..p1`,
-/// vectorised across those rows (`attn_rows`: the kernel of prefill chunks, and of a short
-/// chunk over a long context). `part` gets `[m, l, acc[hd]]` per (token, head) row. Returns
-/// false if the shape is not handled (more than [`attn_rows::MAX_ROWS`] rows, a head size
-/// that is not a multiple of 8, an unknown KV type, a level below AVX2).
-#[allow(clippy::too_many_arguments)]
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn attend_rows<T: KvElem>(
-    isa: Isa,
-    a: &PagedAttnArgs,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    (t, nq): (usize, usize),
-    g: usize,
-    (p0, p1): (usize, usize),
-    part: &mut [f32],
-) -> bool {
-    let Some(is_f16) = kv_kind::<T>() else {
-        return false;
-    };
-    let hd = a.head_dim;
-    let gs = a.n_heads / a.n_kv_heads;
-    let rows = nq * gs;
-    if isa < Isa::Avx2
-        || nq == 0
-        || rows > attn_rows::MAX_ROWS
-        || !hd.is_multiple_of(8)
-        || g >= a.n_kv_heads
-        || t + nq > a.n_tokens
-        || p0 > p1
-        || p1 > a.start_pos + t + nq
-        || part.len() < rows * (hd + 2)
-    {
-        return false;
-    }
-    let esz = if is_f16 { 2 } else { 4 };
-    let ctx = AttnCtx {
-        kb: k.as_ptr() as *const u8,
-        vb: v.as_ptr() as *const u8,
-        table: a.block_table,
-        bs: a.block_size,
-        row_bytes: a.n_kv_heads * hd * esz,
-        goff: g * hd * esz,
-        p0,
-        ctx: p1,
-        ctx0: a.start_pos + t + 1,
-        nq,
-        qstride: a.n_heads * hd,
-        gs,
-        ng: 1,
-        hd,
-        scale: a.scale,
-        qp: q.as_ptr().wrapping_add((t * a.n_heads + g * gs) * hd),
-        op: part.as_mut_ptr(),
-        is_f16,
-    };
-    // SAFETY: the level was detected (isa <= detected()); row offsets come from a block table
-    // validated by the caller (check_args), q/part ranges were checked above.
-    unsafe {
-        if isa >= Isa::Avx512 {
-            match rows.div_ceil(16) {
-                1 => attn_rows::attn_rows_512::<1>(&ctx),
-                2 => attn_rows::attn_rows_512::<2>(&ctx),
-                3 => attn_rows::attn_rows_512::<3>(&ctx),
-                _ => attn_rows::attn_rows_512::<4>(&ctx),
-            }
-        } else {
-            match rows.div_ceil(8) {
-                1 => attn_rows::attn_rows_avx2::<1>(&ctx),
-                2 => attn_rows::attn_rows_avx2::<2>(&ctx),
-                3 => attn_rows::attn_rows_avx2::<3>(&ctx),
-                4 => attn_rows::attn_rows_avx2::<4>(&ctx),
-                5 => attn_rows::attn_rows_avx2::<5>(&ctx),
-                6 => attn_rows::attn_rows_avx2::<6>(&ctx),
-                7 => attn_rows::attn_rows_avx2::<7>(&ctx),
-                _ => attn_rows::attn_rows_avx2::<8>(&ctx),
-            }
         }
     }
     true
