@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::blocks::{BlockIndex, Creators, NONE};
+use super::blocks::{BlockIndex, NONE};
 use super::shadow::{Shadow, SCALES};
 use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
@@ -18,6 +18,8 @@ use crate::stats::{MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
 pub use super::blocks::HotPrefix;
+use super::lifecycle::{owners_of, release_owners, Ev, Kept, NEW_ENTRY, SPARE_BUFFERS};
+pub use super::lifecycle::{BlockEvent, BlockEventKind, RequestLifecycle, MAX_BLOCK_EVENTS};
 
 /// How much the recorder keeps for cache insight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,60 +90,6 @@ pub struct Divergence {
     pub cached_by: Option<Arc<str>>,
 }
 
-/// What happened to one block of a request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum BlockEventKind {
-    /// The lookup found it in the local cache.
-    Hit,
-    /// Its KV came from the external tier.
-    Loaded,
-    /// Taken from the free pool for the request.
-    Allocated,
-    /// Became full with KV computed or loaded for the request.
-    Filled,
-    /// The entry it held was dropped to make room for this request.
-    Evicted,
-    /// The request lost its blocks (recomputed later).
-    Preempted,
-}
-
-/// One entry of a request's block lifecycle.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BlockEvent {
-    pub event: BlockEventKind,
-    /// Index in the request's block table.
-    pub index: Option<u32>,
-    /// Physical block id.
-    pub block: Option<BlockId>,
-    /// The block's hash as KV events carry it (for `evicted`: the dropped entry's).
-    pub hash: Option<u64>,
-    /// `filled`: the block became a new cache entry.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub new_entry: bool,
-    /// `evicted`: the request that had created the dropped entry.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owner: Option<Arc<str>>,
-}
-
-/// Most lifecycle entries kept per request (a long generation fills a block every `B` tokens).
-pub const MAX_BLOCK_EVENTS: usize = 4096;
-
-/// A finished request's block lifecycle (`GET /v1/cache/requests/{id}`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RequestLifecycle {
-    pub request_id: Arc<str>,
-    pub handle: u64,
-    pub tenant: Arc<str>,
-    pub finish_reason: FinishReason,
-    pub prompt_tokens: u64,
-    pub generation_tokens: u64,
-    pub prefill_stats: Option<PrefillStats>,
-    pub blocks: Vec<BlockEvent>,
-    /// Entries beyond [`MAX_BLOCK_EVENTS`] not kept.
-    pub blocks_dropped: u64,
-}
-
 /// One line of the recent-requests list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RecentRequest {
@@ -157,98 +105,6 @@ pub struct RecentRequest {
 
 /// Recent requests kept for the list (newest first).
 pub const RECENT_REQUESTS: usize = 32;
-
-/// A lifecycle entry as the step records it: 24 bytes, the evicted entry's owner an id of the
-/// block index's [`Creators`] (held by the entry until its lifecycle is dropped); made a
-/// [`BlockEvent`] when the inspector asks.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Ev {
-    hash: u64,
-    index: u32,
-    block: u32,
-    owner: u32,
-    kind: BlockEventKind,
-    flags: u8,
-}
-
-const HAS_INDEX: u8 = 1;
-const HAS_BLOCK: u8 = 2;
-const HAS_HASH: u8 = 4;
-const NEW_ENTRY: u8 = 8;
-
-impl Ev {
-    fn new(
-        kind: BlockEventKind,
-        index: Option<u32>,
-        block: Option<BlockId>,
-        hash: Option<u64>,
-    ) -> Self {
-        let mut flags = 0;
-        if index.is_some() {
-            flags |= HAS_INDEX;
-        }
-        if block.is_some() {
-            flags |= HAS_BLOCK;
-        }
-        if hash.is_some() {
-            flags |= HAS_HASH;
-        }
-        Ev {
-            hash: hash.unwrap_or(0),
-            index: index.unwrap_or(0),
-            block: block.unwrap_or(0),
-            owner: NONE,
-            kind,
-            flags,
-        }
-    }
-
-    fn event(&self, creators: Option<&Creators>) -> BlockEvent {
-        let f = self.flags;
-        BlockEvent {
-            event: self.kind,
-            index: (f & HAS_INDEX != 0).then_some(self.index),
-            block: (f & HAS_BLOCK != 0).then_some(self.block),
-            hash: (f & HAS_HASH != 0).then_some(self.hash),
-            new_entry: f & NEW_ENTRY != 0,
-            owner: (self.owner != NONE)
-                .then(|| creators.and_then(|c| c.label(self.owner)))
-                .flatten(),
-        }
-    }
-}
-
-/// Release the owners `events` hold.
-fn release_owners(creators: Option<&mut Creators>, owners: impl Iterator<Item = u32>) {
-    if let Some(c) = creators {
-        for o in owners {
-            c.release(o);
-        }
-    }
-}
-
-fn owners_of(events: &[Ev]) -> impl Iterator<Item = u32> + '_ {
-    events.iter().map(|e| e.owner).filter(|&o| o != NONE)
-}
-
-/// A kept lifecycle, as recorded.
-#[derive(Debug)]
-struct Kept {
-    request_id: Arc<str>,
-    handle: u64,
-    tenant: Arc<str>,
-    finish_reason: FinishReason,
-    prompt_tokens: u64,
-    generation_tokens: u64,
-    prefill_stats: Option<PrefillStats>,
-    events: Vec<Ev>,
-    /// The owners its events hold (read when it is dropped, instead of its events).
-    owners: Vec<u32>,
-    dropped: u64,
-}
-
-/// Spare lifecycle buffers kept for new requests (a dropped lifecycle's, cleared).
-const SPARE_BUFFERS: usize = 64;
 
 /// The recorder's per-request insight state.
 #[derive(Debug)]

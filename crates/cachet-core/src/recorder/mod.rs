@@ -15,6 +15,7 @@
 
 mod blocks;
 mod insight;
+mod lifecycle;
 mod shadow;
 
 use std::collections::HashMap;

@@ -1,0 +1,158 @@
+//! A request's block lifecycle (`GET /v1/cache/requests/{id}`): the events as the step records
+//! them (24-byte [`Ev`]s whose evicted-entry owners are ids of the block index's
+//! [`Creators`]), and what the inspector is answered ([`BlockEvent`], [`RequestLifecycle`]).
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use super::blocks::{Creators, NONE};
+use crate::request::FinishReason;
+use crate::stats::PrefillStats;
+use crate::BlockId;
+
+/// What happened to one block of a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockEventKind {
+    /// The lookup found it in the local cache.
+    Hit,
+    /// Its KV came from the external tier.
+    Loaded,
+    /// Taken from the free pool for the request.
+    Allocated,
+    /// Became full with KV computed or loaded for the request.
+    Filled,
+    /// The entry it held was dropped to make room for this request.
+    Evicted,
+    /// The request lost its blocks (recomputed later).
+    Preempted,
+}
+
+/// One entry of a request's block lifecycle.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockEvent {
+    pub event: BlockEventKind,
+    /// Index in the request's block table.
+    pub index: Option<u32>,
+    /// Physical block id.
+    pub block: Option<BlockId>,
+    /// The block's hash as KV events carry it (for `evicted`: the dropped entry's).
+    pub hash: Option<u64>,
+    /// `filled`: the block became a new cache entry.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub new_entry: bool,
+    /// `evicted`: the request that had created the dropped entry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<Arc<str>>,
+}
+
+/// Most lifecycle entries kept per request (a long generation fills a block every `B` tokens).
+pub const MAX_BLOCK_EVENTS: usize = 4096;
+
+/// A finished request's block lifecycle (`GET /v1/cache/requests/{id}`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RequestLifecycle {
+    pub request_id: Arc<str>,
+    pub handle: u64,
+    pub tenant: Arc<str>,
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: u64,
+    pub generation_tokens: u64,
+    pub prefill_stats: Option<PrefillStats>,
+    pub blocks: Vec<BlockEvent>,
+    /// Entries beyond [`MAX_BLOCK_EVENTS`] not kept.
+    pub blocks_dropped: u64,
+}
+
+/// A lifecycle entry as the step records it: 24 bytes, the evicted entry's owner an id of the
+/// block index's [`Creators`] (held by the entry until its lifecycle is dropped); made a
+/// [`BlockEvent`] when the inspector asks.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ev {
+    pub(super) hash: u64,
+    pub(super) index: u32,
+    pub(super) block: u32,
+    pub(super) owner: u32,
+    pub(super) kind: BlockEventKind,
+    pub(super) flags: u8,
+}
+
+const HAS_INDEX: u8 = 1;
+const HAS_BLOCK: u8 = 2;
+const HAS_HASH: u8 = 4;
+pub(super) const NEW_ENTRY: u8 = 8;
+
+impl Ev {
+    pub(super) fn new(
+        kind: BlockEventKind,
+        index: Option<u32>,
+        block: Option<BlockId>,
+        hash: Option<u64>,
+    ) -> Self {
+        let mut flags = 0;
+        if index.is_some() {
+            flags |= HAS_INDEX;
+        }
+        if block.is_some() {
+            flags |= HAS_BLOCK;
+        }
+        if hash.is_some() {
+            flags |= HAS_HASH;
+        }
+        Ev {
+            hash: hash.unwrap_or(0),
+            index: index.unwrap_or(0),
+            block: block.unwrap_or(0),
+            owner: NONE,
+            kind,
+            flags,
+        }
+    }
+
+    pub(super) fn event(&self, creators: Option<&Creators>) -> BlockEvent {
+        let f = self.flags;
+        BlockEvent {
+            event: self.kind,
+            index: (f & HAS_INDEX != 0).then_some(self.index),
+            block: (f & HAS_BLOCK != 0).then_some(self.block),
+            hash: (f & HAS_HASH != 0).then_some(self.hash),
+            new_entry: f & NEW_ENTRY != 0,
+            owner: (self.owner != NONE)
+                .then(|| creators.and_then(|c| c.label(self.owner)))
+                .flatten(),
+        }
+    }
+}
+
+/// Release the owners `events` hold.
+pub(super) fn release_owners(creators: Option<&mut Creators>, owners: impl Iterator<Item = u32>) {
+    if let Some(c) = creators {
+        for o in owners {
+            c.release(o);
+        }
+    }
+}
+
+pub(super) fn owners_of(events: &[Ev]) -> impl Iterator<Item = u32> + '_ {
+    events.iter().map(|e| e.owner).filter(|&o| o != NONE)
+}
+
+/// A kept lifecycle, as recorded.
+#[derive(Debug)]
+pub(super) struct Kept {
+    pub(super) request_id: Arc<str>,
+    pub(super) handle: u64,
+    pub(super) tenant: Arc<str>,
+    pub(super) finish_reason: FinishReason,
+    pub(super) prompt_tokens: u64,
+    pub(super) generation_tokens: u64,
+    pub(super) prefill_stats: Option<PrefillStats>,
+    pub(super) events: Vec<Ev>,
+    /// The owners its events hold (read when it is dropped, instead of its events).
+    pub(super) owners: Vec<u32>,
+    pub(super) dropped: u64,
+}
+
+/// Spare lifecycle buffers kept for new requests (a dropped lifecycle's, cleared).
+pub(super) const SPARE_BUFFERS: usize = 64;
