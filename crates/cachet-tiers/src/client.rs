@@ -582,13 +582,17 @@ mod tests {
         assert!(c.flush(Duration::from_secs(10)));
         let s = c.stats();
         assert_eq!(s.save_failures, 2);
-        assert_eq!((s.buffers.fresh, s.buffers.recycled), (2, 2));
+        // The second take may already find the first payload given back (the writer runs on
+        // its own thread): two takes, fresh or warm, and both payloads recycled.
+        assert_eq!(s.buffers.fresh + s.buffers.warm, 2);
+        assert_eq!(s.buffers.recycled, 2);
+        let warm_before = s.buffers.warm;
         let again = c.take_buffer(500);
         assert!(
             addrs.contains(&again.as_ptr()),
             "a buffer the writer gave back"
         );
-        assert_eq!(c.stats().buffers.warm, 1);
+        assert_eq!(c.stats().buffers.warm, warm_before + 1);
     }
 
     #[test]
