@@ -1024,6 +1024,9 @@ async fn large_requests_wait_for_a_slot() {
         ))
         .unwrap();
     assert_eq!(send(&app, small).await.0, StatusCode::OK);
+    // The gauges are a snapshot taken at the end of a step: wait a few steps (5 ms each) so the
+    // small request has left them; a second large request let in would stay for its 40 steps.
+    tokio::time::sleep(Duration::from_millis(20)).await;
     // The second large one never reached the engine while the first was running.
     let mut peak = 0;
     while !first.is_finished() {
