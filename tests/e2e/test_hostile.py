@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import selectors
 import socket
 import threading
 import time
@@ -511,19 +512,38 @@ def test_disconnect_storm(srv):
         if i % 2:
             body["ignore_eos"] = True
         socks.append(stream_request(srv, path, body))
+    # Twelve streams for eight slots: four wait until others end, and which four depends on the
+    # order the server took them in, not the order they were sent. So each is read as its bytes
+    # come (a stream read in send order could be a waiting one, while the running ones ran to
+    # their end unread: the flake this replaced).
+    sel = selectors.DefaultSelector()
+    got = {}
     for s in socks:
-        got = b""
-        while got.count(b"data:") < 4:
+        sel.register(s, selectors.EVENT_READ)
+        got[s] = b""
+    deadline = time.monotonic() + 30
+    while got:
+        assert time.monotonic() < deadline, f"{len(got)} streams sent no 4 events in 30 s"
+        for key, _ in sel.select(timeout=1.0):
+            s = key.fileobj
             chunk = s.recv(4096)
-            assert chunk, got
-            got += chunk
-        assert got.startswith(b"HTTP/1.1 200"), got[:100]
-        s.close()
+            assert chunk, got[s]
+            got[s] += chunk
+            if got[s].count(b"data:") >= 4:
+                assert got[s].startswith(b"HTTP/1.1 200"), got[s][:100]
+                sel.unregister(s)
+                del got[s]
+                s.close()
+    sel.close()
     after = wait_idle(srv)
     aborted = total(after, "vllm:request_success_total", finished_reason="abort") - total(
         before, "vllm:request_success_total", finished_reason="abort"
     )
-    assert aborted == n_b + n_c + n_d, f"{aborted} aborts for {n_b + n_c + n_d} vanished clients"
+    by_reason = {
+        r: total(after, "vllm:request_success_total", finished_reason=r) - total(before, "vllm:request_success_total", finished_reason=r)
+        for r in ("stop", "length", "abort", "error")
+    }
+    assert aborted == n_b + n_c + n_d, f"{aborted} aborts for {n_b + n_c + n_d} vanished clients: {by_reason}"
     srv.accepted += n_b + n_c + n_d
     srv.aborted += n_b + n_c + n_d
     # The server still serves.
