@@ -200,6 +200,29 @@ impl FinishedRequestStats {
     }
 }
 
+/// One sequence's prompt-lookup speculation (`--speculative ngram`), on its final update: the
+/// scheduler's own counts of the drafts it verified for it. Summed over every sequence, they
+/// are the increments of `vllm:spec_decode_num_drafts_total`, `_num_draft_tokens_total` and
+/// `_num_accepted_tokens_total`. `None` on the update when speculation is off.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecDecodeCounts {
+    /// Decode chunks that carried at least one draft.
+    pub num_drafts: u64,
+    /// Draft tokens verified.
+    pub num_draft_tokens: u64,
+    /// Of those, tokens accepted (each a token generated without a step of its own).
+    pub num_accepted_tokens: u64,
+}
+
+impl SpecDecodeCounts {
+    /// Field-wise sum.
+    pub fn accumulate(&mut self, o: &SpecDecodeCounts) {
+        self.num_drafts += o.num_drafts;
+        self.num_draft_tokens += o.num_draft_tokens;
+        self.num_accepted_tokens += o.num_accepted_tokens;
+    }
+}
+
 /// One aggregate counter: its field in [`CounterTotals`] / [`CounterDeltas`] and how it is
 /// exported. Several fields may share one metric name with different label values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
