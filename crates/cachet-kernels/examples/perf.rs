@@ -191,7 +191,7 @@ fn attention_prefill(n: usize, start: usize) {
 /// context, 30 layers with their own f16 KV (53 MB at 16 × 144, more than the L3 cache), one
 /// thread; process CPU time per step.
 fn attention_batch(seqs: usize, ctx: usize) {
-    use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
+    use cachet_kernels::attention::{paged_attention, prefetch_context, PagedAttnArgs};
     let (nh, nkv, hd, bs, layers) = (9usize, 3usize, 64usize, 16usize, 30usize);
     let per_seq = ctx.div_ceil(bs);
     let n = seqs * per_seq * bs * nkv * hd;
@@ -213,32 +213,47 @@ fn attention_batch(seqs: usize, ctx: usize) {
         .collect();
     let q: Vec<f32> = (0..nh * hd).map(|i| (i % 13) as f32 / 13.0 - 0.5).collect();
     let mut out = vec![0f32; nh * hd];
+    // XPF=N: before each sequence, prefetch the next one's first N positions (as the
+    // executor's batched decode does); XPF=0: no cross-call prefetch.
+    let xpf: usize = std::env::var("XPF")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let args_of = |t: &'static [u32]| PagedAttnArgs {
+        block_table: t,
+        block_size: bs,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        start_pos: ctx - 1,
+        n_tokens: 1,
+        scale: 0.125,
+    };
+    let tables: &'static [Vec<u32>] = Box::leak(tables.into_boxed_slice());
     let step = |out: &mut [f32]| {
         for (k, v) in &kv {
-            for t in &tables {
-                let args = PagedAttnArgs {
-                    block_table: t,
-                    block_size: bs,
-                    n_heads: nh,
-                    n_kv_heads: nkv,
-                    head_dim: hd,
-                    start_pos: ctx - 1,
-                    n_tokens: 1,
-                    scale: 0.125,
-                };
-                paged_attention(&args, &q, k, v, out);
+            for (i, t) in tables.iter().enumerate() {
+                if xpf > 0 {
+                    if let Some(nt) = tables.get(i + 1) {
+                        prefetch_context(&args_of(nt), k, v, xpf);
+                    }
+                }
+                paged_attention(&args_of(t), &q, k, v, out);
             }
         }
     };
     step(&mut out);
-    let iters = 20;
+    let iters: usize = std::env::var("ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
     let c0 = cpu_time();
     for _ in 0..iters {
         step(&mut out);
     }
     let cpu = (cpu_time() - c0) / iters as f64;
     println!(
-        "batched decode attention {seqs} x {ctx} x {layers} layers (f16 KV): {:.2} ms cpu per step",
+        "batched decode attention {seqs} x {ctx} x {layers} layers (f16 KV): {:.3} ms cpu per step",
         cpu * 1e3
     );
 }

@@ -14,6 +14,38 @@ use crate::micro::{self, scalar};
 use crate::pool::ThreadPool;
 use crate::util::SendPtr;
 
+/// Positions per context segment. Every query row's context is split at the multiples of
+/// `SEGMENT` (a multiple of the kernels' softmax chunk); each segment is an online softmax of
+/// its own, and the segments are merged in position order with the log-sum-exp rule. The
+/// split depends on positions only, never on the thread count, the batch or the tile a token
+/// is computed in, so batch-1 decode (segments spread over the threads, flash-decoding), a
+/// sequence of a batch (segments one after another) and a row of a prefill tile all get the
+/// same bits. A context of at most one segment is not merged at all.
+pub const SEGMENT: usize = 128;
+
+const _: () = assert!(SEGMENT.is_multiple_of(micro::CHUNK));
+
+thread_local! {
+    /// Reused partial-result buffers (a decode step makes thousands of calls).
+    static PARTS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Run `f` on a per-thread buffer of `len` floats (contents unspecified).
+fn with_parts<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    let mut b = PARTS.take();
+    if b.len() < len {
+        b.resize(len, 0.0);
+    }
+    let r = f(&mut b[..len]);
+    PARTS.set(b);
+    r
+}
+
+/// Segment `s` of a context ending at `end` (exclusive).
+fn segment(s: usize, end: usize) -> (usize, usize) {
+    ((s * SEGMENT).min(end), ((s + 1) * SEGMENT).min(end))
+}
+
 /// `q: [n_tokens][n_heads][head_dim]`; query token `i` sits at position `start_pos + i` and
 /// attends to positions `0..=start_pos + i`. Writes `out: [n_tokens][n_heads][head_dim]`.
 ///
@@ -28,27 +60,85 @@ pub fn paged_attention<T: KvElem>(
 ) {
     check_args(args, q, k, v, out);
     let isa = isa::active();
-    let gs = args.n_heads / args.n_kv_heads;
-    let qt = tile_tokens(gs);
-    let stride = gs * (args.head_dim + 2);
-    let mut part = vec![0f32; qt.max(1) * stride * args.n_kv_heads];
+    let qt = tile_tokens(args.n_heads / args.n_kv_heads);
     let mut t = 0;
     while t < args.n_tokens {
         let nq = qt.min(args.n_tokens - t);
-        let range = (0, args.start_pos + t + nq);
-        if nq == 1 && attend_all_groups(isa, args, q, k, v, t, range, &mut part) {
-            // A decode token: every group in one pass over the positions.
+        // A decode token: every group in one pass over the positions (SIMD levels).
+        if nq > 1 || !attend_token_all_groups(isa, args, q, k, v, t, out) {
             for g in 0..args.n_kv_heads {
-                finalize(args, &part[g * stride..], (t, 1), g, out);
-            }
-        } else {
-            for g in 0..args.n_kv_heads {
-                attend_part(isa, args, q, k, v, (t, nq), g, range, &mut part);
-                finalize(args, &part, (t, nq), g, out);
+                attend_tile(isa, args, q, k, v, (t, nq), g, out);
             }
         }
         t += nq;
     }
+}
+
+/// Tokens `t..t + nq` against kv group `g`: every segment, merged and normalised into `out`.
+#[allow(clippy::too_many_arguments)]
+fn attend_tile<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    (t, nq): (usize, usize),
+    g: usize,
+    out: &mut [f32],
+) {
+    let len = nq * (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
+    let end = a.start_pos + t + nq;
+    let nseg = end.div_ceil(SEGMENT).max(1);
+    let extra = if nseg > 1 { len } else { 0 };
+    with_parts(len * nseg + extra, |buf| {
+        let (parts, merged) = buf.split_at_mut(len * nseg);
+        for (s, part) in parts.chunks_exact_mut(len).enumerate() {
+            attend_part(isa, a, q, k, v, (t, nq), g, segment(s, end), part);
+        }
+        if nseg == 1 {
+            finalize(a, parts, (t, nq), g, out);
+        } else {
+            merge(parts, nseg, a.head_dim, merged);
+            finalize(a, merged, (t, nq), g, out);
+        }
+    });
+}
+
+/// Token `t` against every kv group in one pass per segment (SIMD only), merged and
+/// normalised into `out`; false (nothing written) if the kernel does not take the shape.
+#[allow(clippy::too_many_arguments)]
+fn attend_token_all_groups<T: KvElem>(
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    t: usize,
+    out: &mut [f32],
+) -> bool {
+    let stride = (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
+    let len = a.n_kv_heads * stride;
+    let end = a.start_pos + t + 1;
+    let nseg = end.div_ceil(SEGMENT).max(1);
+    let extra = if nseg > 1 { len } else { 0 };
+    with_parts(len * nseg + extra, |buf| {
+        let (parts, merged) = buf.split_at_mut(len * nseg);
+        for (s, part) in parts.chunks_exact_mut(len).enumerate() {
+            if !attend_all_groups(isa, a, q, k, v, t, segment(s, end), part) {
+                return false;
+            }
+        }
+        let res: &[f32] = if nseg == 1 {
+            parts
+        } else {
+            merge(parts, nseg, a.head_dim, merged);
+            merged
+        };
+        for g in 0..a.n_kv_heads {
+            finalize(a, &res[g * stride..], (t, 1), g, out);
+        }
+        true
+    })
 }
 
 /// Token `t` against every kv group in one pass (SIMD only); false if not handled.
@@ -76,12 +166,10 @@ fn tile_tokens(gs: usize) -> usize {
     (64 / gs.max(1)).clamp(1, 8)
 }
 
-/// Positions per context segment below which decode attention is not split further.
-const MIN_SEGMENT: usize = 128;
-
-/// Like [`paged_attention`], parallel over `pool`: work items are (token, kv head) pairs,
-/// and when there are fewer of those than threads (batch-1 decode) each context is also
-/// split into segments whose partial softmax results are merged (flash-decoding).
+/// Like [`paged_attention`] (the same bits), parallel over `pool`: a decode token over a
+/// context of several segments is spread over the threads by segment (flash-decoding), each
+/// item attending with all kv groups in one pass; otherwise the work items are (token tile,
+/// kv group) pairs.
 pub fn paged_attention_parallel<T: KvElem>(
     pool: &ThreadPool,
     args: &PagedAttnArgs,
@@ -90,146 +178,109 @@ pub fn paged_attention_parallel<T: KvElem>(
     v: &[T],
     out: &mut [f32],
 ) {
-    check_args(args, q, k, v, out);
-    let isa = isa::active();
     let a = args;
-    let gs = a.n_heads / a.n_kv_heads;
-    let stride = gs * (a.head_dim + 2);
-    let pairs = a.n_tokens * a.n_kv_heads;
     let nt = pool.n_threads();
-    let ctx_max = a.start_pos + a.n_tokens;
-    let segs = if pairs >= 2 * nt || nt == 1 {
-        1
-    } else {
-        (2 * nt).div_ceil(pairs).min(ctx_max / MIN_SEGMENT).max(1)
-    };
-    if segs == 1 {
-        // Tiles of query tokens (fewer when that would leave threads idle).
-        let mut qt = tile_tokens(gs);
-        while qt > 1 && a.n_tokens.div_ceil(qt) * a.n_kv_heads < 2 * nt {
-            qt /= 2;
-        }
-        let n_tiles = a.n_tokens.div_ceil(qt);
-        let op = SendPtr(out.as_mut_ptr());
-        let out_len = out.len();
-        pool.parallel_for(n_tiles * a.n_kv_heads, &|item| {
-            let (tile, g) = (item / a.n_kv_heads, item % a.n_kv_heads);
-            let t = tile * qt;
-            let nq = qt.min(a.n_tokens - t);
-            let mut part = vec![0f32; nq * stride];
-            let range = (0, a.start_pos + t + nq);
-            attend_part(isa, a, q, k, v, (t, nq), g, range, &mut part);
-            // SAFETY: item (tile, g) writes only its tokens' rows of the heads of group g,
-            // which are disjoint across items; `out` outlives the parallel_for.
-            let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
-            finalize(a, &part, (t, nq), g, out);
-        });
-        return;
+    if nt == 1 {
+        return paged_attention(a, q, k, v, out);
     }
-    if a.n_tokens == 1 && a.n_kv_heads > 1 && isa >= Isa::Avx2 {
-        if let Some((parts, segs)) = decode_segments_all_groups(pool, isa, a, q, k, v) {
-            let nkv = a.n_kv_heads;
-            let at = |g: usize, seg: usize| (seg * nkv + g) * stride;
-            return merge_segments(a, &parts, nkv, segs, at, out);
-        }
+    check_args(a, q, k, v, out);
+    let isa = isa::active();
+    let gs = a.n_heads / a.n_kv_heads;
+    let end = a.start_pos + a.n_tokens;
+    let nseg = end.div_ceil(SEGMENT).max(1);
+    if a.n_tokens == 1 && nseg > 1 {
+        return decode_segments(pool, isa, a, q, k, v, nseg, out);
     }
-    let mut parts = vec![0f32; pairs * segs * stride];
-    let pp = SendPtr(parts.as_mut_ptr());
-    pool.parallel_for(pairs * segs, &|item| {
-        let (pair, seg) = (item / segs, item % segs);
-        let (t, g) = (pair / a.n_kv_heads, pair % a.n_kv_heads);
-        let ctx = a.start_pos + t + 1;
-        let len = ctx.div_ceil(segs);
-        let p0 = (seg * len).min(ctx);
-        let p1 = ((seg + 1) * len).min(ctx);
-        // SAFETY: each item owns the disjoint slice `item * stride..(item + 1) * stride`.
-        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * stride), stride) };
-        attend_part(isa, a, q, k, v, (t, 1), g, (p0, p1), part);
+    // Tiles of query tokens (fewer when that would leave threads idle).
+    let mut qt = tile_tokens(gs);
+    while qt > 1 && a.n_tokens.div_ceil(qt) * a.n_kv_heads < 2 * nt {
+        qt /= 2;
+    }
+    let n_tiles = a.n_tokens.div_ceil(qt);
+    let op = SendPtr(out.as_mut_ptr());
+    let out_len = out.len();
+    pool.parallel_for(n_tiles * a.n_kv_heads, &|item| {
+        let (tile, g) = (item / a.n_kv_heads, item % a.n_kv_heads);
+        let t = tile * qt;
+        let nq = qt.min(a.n_tokens - t);
+        // SAFETY: item (tile, g) writes only its tokens' rows of the heads of group g,
+        // which are disjoint across items; `out` outlives the parallel_for.
+        let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
+        attend_tile(isa, a, q, k, v, (t, nq), g, out);
     });
-    merge_segments(
-        a,
-        &parts,
-        pairs,
-        segs,
-        |pair, seg| (pair * segs + seg) * stride,
-        out,
-    );
 }
 
-/// Batch-1 decode over context segments, each item attending with all kv groups in one pass
-/// (one stream over each position's K/V row). Returns the partial results, laid out
-/// `[segment][kv group][rows of the group]`, and the segment count; `None` when the SIMD kernel
-/// does not take the shape or there is only one segment.
-fn decode_segments_all_groups<T: KvElem>(
+/// One decode token over `nseg` segments, the segments spread over the pool (all kv groups
+/// per item on SIMD levels, else one item per (segment, group)), merged as
+/// [`paged_attention`] merges them.
+#[allow(clippy::too_many_arguments)]
+fn decode_segments<T: KvElem>(
     pool: &ThreadPool,
     isa: Isa,
     a: &PagedAttnArgs,
     q: &[f32],
     k: &[T],
     v: &[T],
-) -> Option<(Vec<f32>, usize)> {
-    let ctx = a.start_pos + 1;
-    let segs = (2 * pool.n_threads()).min(ctx / MIN_SEGMENT);
-    if segs < 2 {
-        return None;
-    }
-    let span = a.n_kv_heads * (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
-    let len = ctx.div_ceil(segs);
-    let mut parts = vec![0f32; segs * span];
-    let all_done = std::sync::atomic::AtomicBool::new(true);
+    nseg: usize,
+    out: &mut [f32],
+) {
+    let nkv = a.n_kv_heads;
+    let stride = (a.n_heads / nkv) * (a.head_dim + 2);
+    let len = nkv * stride;
+    let end = a.start_pos + 1;
+    // Parts laid out [segment][kv group][rows of the group], then the merged result.
+    let mut buf = vec![0f32; len * (nseg + 1)];
+    let (parts, merged) = buf.split_at_mut(len * nseg);
     let pp = SendPtr(parts.as_mut_ptr());
-    pool.parallel_for(segs, &|seg| {
-        let p0 = (seg * len).min(ctx);
-        let p1 = ((seg + 1) * len).min(ctx);
-        // SAFETY: each segment owns the disjoint slice `seg * span..(seg + 1) * span`.
-        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(seg * span), span) };
-        if !attend_all_groups(isa, a, q, k, v, 0, (p0, p1), part) {
+    let all_done = std::sync::atomic::AtomicBool::new(true);
+    pool.parallel_for(nseg, &|s| {
+        // SAFETY: each segment owns the disjoint slice `s * len..(s + 1) * len`.
+        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * len), len) };
+        if !attend_all_groups(isa, a, q, k, v, 0, segment(s, end), part) {
             all_done.store(false, std::sync::atomic::Ordering::Relaxed);
         }
     });
-    all_done.into_inner().then_some((parts, segs))
+    if !all_done.into_inner() {
+        pool.parallel_for(nseg * nkv, &|item| {
+            let (s, g) = (item / nkv, item % nkv);
+            let at = s * len + g * stride;
+            // SAFETY: each (segment, group) owns the disjoint slice `at..at + stride`.
+            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(at), stride) };
+            attend_part(isa, a, q, k, v, (0, 1), g, segment(s, end), part);
+        });
+    }
+    merge(parts, nseg, a.head_dim, merged);
+    for g in 0..nkv {
+        finalize(a, &merged[g * stride..], (0, 1), g, out);
+    }
 }
 
-/// Merge per-segment partial results (`parts[at(pair, seg)..]`, pair = token × kv head) with
-/// the log-sum-exp rule and normalise them into `out`.
-fn merge_segments(
-    a: &PagedAttnArgs,
-    parts: &[f32],
-    pairs: usize,
-    segs: usize,
-    at: impl Fn(usize, usize) -> usize,
-    out: &mut [f32],
-) {
-    let gs = a.n_heads / a.n_kv_heads;
-    let hd = a.head_dim;
-    let stride = gs * (hd + 2);
-    let mut merged = vec![0f32; stride];
-    for pair in 0..pairs {
-        let (t, g) = (pair / a.n_kv_heads, pair % a.n_kv_heads);
-        for h in 0..gs {
-            let mut m = f32::NEG_INFINITY;
-            for seg in 0..segs {
-                m = m.max(parts[at(pair, seg) + h * (hd + 2)]);
-            }
-            let (mut l, mo) = (0f32, h * (hd + 2));
-            merged[mo + 2..mo + 2 + hd]
-                .iter_mut()
-                .for_each(|x| *x = 0.0);
-            for seg in 0..segs {
-                let p = &parts[at(pair, seg) + mo..][..hd + 2];
-                if p[0] == f32::NEG_INFINITY {
-                    continue; // empty segment
-                }
-                let w = (p[0] - m).exp();
-                l += p[1] * w;
-                for (o, x) in merged[mo + 2..mo + 2 + hd].iter_mut().zip(&p[2..]) {
-                    *o += x * w;
-                }
-            }
-            merged[mo] = m;
-            merged[mo + 1] = l;
+/// Merge per-segment partial results (`parts`: `nseg` runs of `dst.len()` floats, each row
+/// `[m, l, acc[hd]]`) with the log-sum-exp rule, in segment order, into `dst`.
+fn merge(parts: &[f32], nseg: usize, hd: usize, dst: &mut [f32]) {
+    let len = dst.len();
+    let w = hd + 2;
+    for r in 0..len / w {
+        let mut m = f32::NEG_INFINITY;
+        for s in 0..nseg {
+            m = m.max(parts[s * len + r * w]);
         }
-        finalize(a, &merged, (t, 1), g, out);
+        let d = &mut dst[r * w..(r + 1) * w];
+        d[2..].fill(0.0);
+        let mut l = 0f32;
+        for s in 0..nseg {
+            let p = &parts[s * len + r * w..][..w];
+            if p[0] == f32::NEG_INFINITY {
+                continue; // empty segment (the row's causal end is before it)
+            }
+            let wt = (p[0] - m).exp();
+            l += p[1] * wt;
+            for (o, x) in d[2..].iter_mut().zip(&p[2..]) {
+                *o += x * wt;
+            }
+        }
+        d[0] = m;
+        d[1] = l;
     }
 }
 
@@ -357,6 +408,34 @@ fn attend_part<T: KvElem>(
         scalar::attend_part(a, q, k, v, t, g, r, p);
     }
     let _ = isa;
+}
+
+/// Prefetch into the cache the K/V rows of positions `0..n` (capped at the context end) of a
+/// decode token's context: the batched decode path calls it for the next sequence while it
+/// computes the current one, so that the first chunk of every call does not start on a cold
+/// DRAM read (the kernel prefetches each further chunk while it computes the one before).
+/// A hint only: it reads nothing and cannot fault.
+pub fn prefetch_context<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let end = n.min(a.start_pos + a.n_tokens);
+        let row = a.n_kv_heads * a.head_dim * std::mem::size_of::<T>();
+        let (kb, vb) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
+        let mut p = 0;
+        while p < end && a.block_size > 0 {
+            let (blk, slot) = (p / a.block_size, p % a.block_size);
+            let Some(&b) = a.block_table.get(blk) else {
+                return;
+            };
+            let run = (a.block_size - slot).min(end - p);
+            let off = (b as usize * a.block_size + slot) * row;
+            micro::prefetch_lines(kb.wrapping_add(off), run * row);
+            micro::prefetch_lines(vb.wrapping_add(off), run * row);
+            p += run;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (a, k, v, n);
 }
 
 /// Naive reference: gathers the context and computes softmax(q·Kᵀ·scale)·V per head.

@@ -243,20 +243,40 @@ unsafe fn ld512(p: *const u8, is_f16: bool) -> __m512 {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 #[inline]
 unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
-    let mut w = [_mm512_setzero_ps(); 8];
-    for (i, w) in w.iter_mut().enumerate() {
-        let (a, b) = (v[2 * i], v[2 * i + 1]);
-        *w = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
-    }
-    let mut x = [_mm512_setzero_ps(); 4];
-    for (i, x) in x.iter_mut().enumerate() {
-        let (a, b) = (_mm512_castps_pd(w[2 * i]), _mm512_castps_pd(w[2 * i + 1]));
-        *x = _mm512_add_ps(
-            _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-            _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
-        );
-    }
-    // x[i] holds, per 128-bit lane l, the lane-l sums of vectors 4i..4i+4.
+    let q = |i: usize| [v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]];
+    reduce16_combine(&[
+        reduce16_quad(&q(0)),
+        reduce16_quad(&q(1)),
+        reduce16_quad(&q(2)),
+        reduce16_quad(&q(3)),
+    ])
+}
+
+/// First two levels of [`reduce16`] on vectors `4i..4i + 4`: per 128-bit lane `l`, the lane-`l`
+/// sums of the four vectors. Split out so a kernel can reduce four positions at a time with
+/// the very same operations (the same bits) as a whole [`reduce16`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce16_quad(v: &[__m512; 4]) -> __m512 {
+    let w0 = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[0], v[1]),
+        _mm512_unpackhi_ps(v[0], v[1]),
+    );
+    let w1 = _mm512_add_ps(
+        _mm512_unpacklo_ps(v[2], v[3]),
+        _mm512_unpackhi_ps(v[2], v[3]),
+    );
+    let (a, b) = (_mm512_castps_pd(w0), _mm512_castps_pd(w1));
+    _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)),
+    )
+}
+
+/// Last level of [`reduce16`]: the four [`reduce16_quad`] results into the 16 sums.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn reduce16_combine(x: &[__m512; 4]) -> __m512 {
     let z01 = _mm512_add_ps(
         _mm512_shuffle_f32x4(x[0], x[1], 0b10_00_10_00),
         _mm512_shuffle_f32x4(x[0], x[1], 0b11_01_11_01),
@@ -292,17 +312,65 @@ pub(crate) unsafe fn exp512(x: __m512) -> __m512 {
     _mm512_scalef_ps(p, n)
 }
 
-/// AVX-512 attention for a tile of `nq` query tokens × the `gs` heads of one kv group
-/// (`HV` = head_dim / 16 vectors per row). Per chunk of positions: f16 K/V rows are
-/// converted once into an f32 scratch shared by every row of the tile; scores for 16
-/// positions at a time with a transposed reduction; one online-softmax rescale per chunk
-/// and row; then P·V with the row's accumulators in registers. Rows past their causal end
-/// skip the chunk's tail.
+/// Rows of one kv group in a pass (query tokens × heads of the group) up to which the kernel
+/// reads f16 K/V in place, converting in the load, instead of converting each chunk into an
+/// f32 scratch first. Decode has `gs` rows per group (3 for the default model): the scratch
+/// of a 32-position chunk of all groups is 48 KB of stores, more than L1, for 3 reads each;
+/// measured (`examples/perf`, `ATTN_BATCH=16x144`, one thread) the scratch stores were ~40 %
+/// of decode attention. Both ways give the same bits (the f16 → f32 conversion is exact), so
+/// the choice cannot make a token's logits depend on the tile it is computed in.
+pub(crate) const DIRECT_ROWS: usize = 4;
+
+/// AVX-512 attention for a tile of `nq` query tokens × the `gs` heads of `ng` kv groups
+/// (`HV` = head_dim / 16 vectors per row). Per chunk of positions: scores for 16 positions
+/// at a time with a transposed reduction; one online-softmax rescale per chunk and row; then
+/// P·V with the row's accumulators in registers. f16 K/V rows are read in place when few
+/// rows share them ([`DIRECT_ROWS`]), else converted once per chunk into an f32 scratch
+/// shared by every row of the tile. Rows past their causal end skip the chunk's tail.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
+    if c.nq == 1 {
+        match (c.gs, c.is_f16) {
+            (1, true) => return attn_512_group::<HV, true, 1>(c),
+            (2, true) => return attn_512_group::<HV, true, 2>(c),
+            (3, true) => return attn_512_group::<HV, true, 3>(c),
+            (4, true) => return attn_512_group::<HV, true, 4>(c),
+            (1, false) => return attn_512_group::<HV, false, 1>(c),
+            (2, false) => return attn_512_group::<HV, false, 2>(c),
+            (3, false) => return attn_512_group::<HV, false, 3>(c),
+            (4, false) => return attn_512_group::<HV, false, 4>(c),
+            _ => {}
+        }
+    }
+    if !c.is_f16 {
+        attn_512_rows::<HV, false, false>(c)
+    } else if c.nq * c.gs <= DIRECT_ROWS {
+        attn_512_rows::<HV, true, false>(c)
+    } else {
+        attn_512_rows::<HV, false, true>(c)
+    }
+}
+
+/// Load 16 lanes at `p`: f16 converted (`CV`) or f32.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn ldv<const CV: bool>(p: *const u8) -> __m512 {
+    if CV {
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    } else {
+        _mm512_loadu_ps(p as *const f32)
+    }
+}
+
+/// [`attn_512`] with K/V read as f16 in place (`CV`), or as f32 from the arena or from an f32
+/// scratch of the chunk (`SCR`, f16 arena only).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn attn_512_rows<const HV: usize, const CV: bool, const SCR: bool>(c: &AttnCtx) {
     let hd = c.hd;
     let gs = c.gs;
     let ng = c.ng;
+    // Bytes per element as the row loops read them.
+    let es = if CV { 2 } else { 4 };
     // Row r: token r / (gs·ng), head (r % (gs·ng)) of the pass, in group (r % (gs·ng)) / gs.
     let per_tok = gs * ng;
     let rows = (c.nq * per_tok).min(64);
@@ -312,7 +380,7 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     let mut lsum = [0f32; 64];
     let mut kp = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
-    let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
+    let buf_rows = if SCR { CHUNK.min(c.ctx - c.p0) } else { 0 };
     // Accumulators and the f32 copies of a chunk's K/V rows live in a per-thread scratch
     // (a decode step makes thousands of these calls; allocating and zeroing 16 KB each
     // cost more than the arithmetic).
@@ -325,8 +393,8 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
     acc.fill(_mm512_setzero_ps());
     let (kbuf, rest) = rest.split_at_mut(buf_rows * pv);
     let vbuf = &mut rest[..buf_rows * pv];
-    let mut krow = [std::ptr::null::<f32>(); CHUNK];
-    let mut vrow = [std::ptr::null::<f32>(); CHUNK];
+    let mut krow = [std::ptr::null::<u8>(); CHUNK];
+    let mut vrow = [std::ptr::null::<u8>(); CHUNK];
     let mut c0 = c.p0;
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
@@ -334,7 +402,7 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
         c.prefetch(c0 + n, CHUNK, pv * 16 * if c.is_f16 { 2 } else { 4 });
         for j in 0..CHUNK {
             let jj = if j < n { j } else { 0 };
-            if c.is_f16 {
+            if SCR {
                 if j < n {
                     let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
                     for i in 0..pv {
@@ -342,17 +410,17 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                         vbuf[j * pv + i] = ld512(vr.add(32 * i), true);
                     }
                 }
-                krow[j] = kbuf.as_ptr().add(jj * pv) as *const f32;
-                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const f32;
+                krow[j] = kbuf.as_ptr().add(jj * pv) as *const u8;
+                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const u8;
             } else {
-                krow[j] = c.kb.add(kp[jj]) as *const f32;
-                vrow[j] = c.vb.add(kp[jj]) as *const f32;
+                krow[j] = c.kb.add(kp[jj]);
+                vrow[j] = c.vb.add(kp[jj]);
             }
         }
         for r in 0..rows {
             let (ti, h) = (r / per_tok, r % per_tok);
-            // This row's group within the position rows: `go` floats in.
-            let go = (h / gs) * hd;
+            // This row's group within the position rows: `go` bytes in.
+            let go = (h / gs) * hd * es;
             // causal end of this row within the chunk
             let end = (c.ctx0 + ti).min(c.ctx);
             if end <= c0 {
@@ -371,9 +439,9 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 let mut dv = [_mm512_setzero_ps(); 16];
                 for (jj, dv) in dv.iter_mut().enumerate() {
                     let kr = krow[(j + jj).min(CHUNK - 1)].add(go);
-                    let mut d = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+                    let mut d = _mm512_mul_ps(qv[0], ldv::<CV>(kr));
                     for (i, qv) in qv.iter().enumerate().skip(1) {
-                        d = _mm512_fmadd_ps(*qv, _mm512_loadu_ps(kr.add(16 * i)), d);
+                        d = _mm512_fmadd_ps(*qv, ldv::<CV>(kr.add(16 * i * es)), d);
                     }
                     *dv = d;
                 }
@@ -426,19 +494,185 @@ pub(crate) unsafe fn attn_512<const HV: usize>(c: &AttnCtx) {
                 let (p0, p1) = (_mm512_set1_ps(s[j]), _mm512_set1_ps(s[j + 1]));
                 let (v0, v1) = (vrow[j].add(go), vrow[j + 1].add(go));
                 for i in 0..HV {
-                    a0[i] = _mm512_fmadd_ps(p0, _mm512_loadu_ps(v0.add(16 * i)), a0[i]);
-                    a1[i] = _mm512_fmadd_ps(p1, _mm512_loadu_ps(v1.add(16 * i)), a1[i]);
+                    a0[i] = _mm512_fmadd_ps(p0, ldv::<CV>(v0.add(16 * i * es)), a0[i]);
+                    a1[i] = _mm512_fmadd_ps(p1, ldv::<CV>(v1.add(16 * i * es)), a1[i]);
                 }
                 j += 2;
             }
             if j < nr {
                 let p0 = _mm512_set1_ps(s[j]);
+                let v0 = vrow[j].add(go);
                 for (i, a0) in a0.iter_mut().enumerate() {
-                    *a0 = _mm512_fmadd_ps(p0, _mm512_loadu_ps(vrow[j].add(go + 16 * i)), *a0);
+                    *a0 = _mm512_fmadd_ps(p0, ldv::<CV>(v0.add(16 * i * es)), *a0);
                 }
             }
             for i in 0..HV {
                 acc[r * HV + i] = _mm512_add_ps(a0[i], a1[i]);
+            }
+        }
+        c0 += n;
+    }
+    for r in 0..rows {
+        let ph = c.op.add(r * (hd + 2));
+        *ph = mx[r];
+        *ph.add(1) = lsum[r];
+        for i in 0..HV {
+            _mm512_storeu_ps(ph.add(2 + 16 * i), acc[r * HV + i]);
+        }
+    }
+    ATTN_SCRATCH.set(scratch);
+}
+
+/// [`attn_512_rows`] for one query token whose `R` = gs heads per kv group are computed
+/// together: each position's K and V vectors are loaded (and converted) once per group and
+/// used by all `R` rows, instead of once per row. Every row's arithmetic is that of
+/// [`attn_512_rows`] (the same products, the same [`reduce16`] tree four positions at a time,
+/// the same softmax and even/odd P·V sums), so a token gets the same bits here as in a
+/// prefill tile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &AttnCtx) {
+    let hd = c.hd;
+    let ng = c.ng;
+    let es = if CV { 2 } else { 4 };
+    let rows = R * ng;
+    let mut mx = [f32::NEG_INFINITY; 64];
+    let mut lsum = [0f32; 64];
+    let mut kp = [0usize; CHUNK];
+    let mut s = [[0f32; CHUNK]; R];
+    let mut scratch = ATTN_SCRATCH.take();
+    if scratch.len() < rows * HV {
+        scratch.resize(rows * HV, _mm512_setzero_ps());
+    }
+    let acc = &mut scratch[..rows * HV];
+    acc.fill(_mm512_setzero_ps());
+    let mut krow = [std::ptr::null::<u8>(); CHUNK];
+    let mut vrow = [std::ptr::null::<u8>(); CHUNK];
+    let sc = _mm512_set1_ps(c.scale);
+    let end = c.ctx0.min(c.ctx);
+    let mut c0 = c.p0;
+    while c0 < end {
+        let n = (c.ctx - c0).min(CHUNK);
+        c.offsets(c0, &mut kp[..n]);
+        // The next chunk into L1, the one after into L2 (L1 holds two chunks of a decode
+        // token's K/V at most; measured `examples/perf` ATTN_BATCH=16x144: ~4 % less CPU time
+        // than the next chunk alone).
+        c.prefetch(c0 + n, CHUNK, ng * HV * 16 * es);
+        c.prefetch_to::<_MM_HINT_T1>(c0 + n + CHUNK, CHUNK, ng * HV * 16 * es);
+        for j in 0..CHUNK {
+            let jj = if j < n { j } else { 0 };
+            krow[j] = c.kb.add(kp[jj]);
+            vrow[j] = c.vb.add(kp[jj]);
+        }
+        let nr = (end - c0).min(n);
+        for gg in 0..ng {
+            let go = gg * hd * es;
+            let rb = gg * R;
+            let mut qv = [[_mm512_setzero_ps(); HV]; R];
+            for (r, qv) in qv.iter_mut().enumerate() {
+                let qh = c.qp.add((rb + r) * hd);
+                for (i, qv) in qv.iter_mut().enumerate() {
+                    *qv = _mm512_mul_ps(_mm512_loadu_ps(qh.add(16 * i)), sc);
+                }
+            }
+            // Scores, 16 positions at a time, reduced four positions at a time.
+            let mut cmax = [_mm512_set1_ps(f32::NEG_INFINITY); R];
+            let mut j = 0;
+            while j < nr {
+                let cnt = (nr - j).min(16);
+                let mut x = [[_mm512_setzero_ps(); 4]; R];
+                for quad in 0..4 {
+                    let mut d = [[_mm512_setzero_ps(); 4]; R];
+                    for jj in 0..4 {
+                        let kr = krow[(j + 4 * quad + jj).min(CHUNK - 1)].add(go);
+                        let mut kv = [_mm512_setzero_ps(); HV];
+                        for (i, kv) in kv.iter_mut().enumerate() {
+                            *kv = ldv::<CV>(kr.add(16 * i * es));
+                        }
+                        for r in 0..R {
+                            let mut dd = _mm512_mul_ps(qv[r][0], kv[0]);
+                            for i in 1..HV {
+                                dd = _mm512_fmadd_ps(qv[r][i], kv[i], dd);
+                            }
+                            d[r][jj] = dd;
+                        }
+                    }
+                    for r in 0..R {
+                        x[r][quad] = reduce16_quad(&d[r]);
+                    }
+                }
+                let m: __mmask16 = if cnt == 16 {
+                    0xffff
+                } else {
+                    ((1u32 << cnt) - 1) as __mmask16
+                };
+                for r in 0..R {
+                    let rv = reduce16_combine(&x[r]);
+                    cmax[r] = _mm512_mask_max_ps(cmax[r], m, cmax[r], rv);
+                    _mm512_mask_storeu_ps(s[r].as_mut_ptr().add(j), m, rv);
+                }
+                j += 16;
+            }
+            // Online softmax over the chunk, per row.
+            let mut al = [_mm512_setzero_ps(); R];
+            for r in 0..R {
+                let row = rb + r;
+                let new_m = mx[row].max(_mm512_reduce_max_ps(cmax[r]));
+                let alpha = if mx[row] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (mx[row] - new_m).exp()
+                };
+                mx[row] = new_m;
+                let nm = _mm512_set1_ps(new_m);
+                let mut sum = _mm512_setzero_ps();
+                let mut j = 0;
+                while j < nr {
+                    let m: __mmask16 = if nr - j >= 16 {
+                        0xffff
+                    } else {
+                        ((1u32 << (nr - j)) - 1) as __mmask16
+                    };
+                    let e = exp512(_mm512_sub_ps(
+                        _mm512_maskz_loadu_ps(m, s[r].as_ptr().add(j)),
+                        nm,
+                    ));
+                    let e = _mm512_maskz_mov_ps(m, e);
+                    sum = _mm512_add_ps(sum, e);
+                    _mm512_storeu_ps(s[r].as_mut_ptr().add(j), e);
+                    j += 16;
+                }
+                lsum[row] = lsum[row] * alpha + _mm512_reduce_add_ps(sum);
+                al[r] = _mm512_set1_ps(alpha);
+            }
+            // P·V: even positions into a0, odd ones into a1 (as attn_512_rows).
+            let mut a0 = [[_mm512_setzero_ps(); HV]; R];
+            let mut a1 = [[_mm512_setzero_ps(); HV]; R];
+            for r in 0..R {
+                for i in 0..HV {
+                    a0[r][i] = _mm512_mul_ps(acc[(rb + r) * HV + i], al[r]);
+                }
+            }
+            let mut j = 0;
+            while j < nr {
+                let v0 = vrow[j].add(go);
+                let mut vv = [_mm512_setzero_ps(); HV];
+                for (i, vv) in vv.iter_mut().enumerate() {
+                    *vv = ldv::<CV>(v0.add(16 * i * es));
+                }
+                let odd = j % 2 == 1;
+                for r in 0..R {
+                    let p = _mm512_set1_ps(s[r][j]);
+                    let a = if odd { &mut a1[r] } else { &mut a0[r] };
+                    for i in 0..HV {
+                        a[i] = _mm512_fmadd_ps(p, vv[i], a[i]);
+                    }
+                }
+                j += 1;
+            }
+            for r in 0..R {
+                for i in 0..HV {
+                    acc[(rb + r) * HV + i] = _mm512_add_ps(a0[r][i], a1[r][i]);
+                }
             }
         }
         c0 += n;

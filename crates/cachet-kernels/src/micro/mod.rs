@@ -80,11 +80,17 @@ pub(crate) struct TileJob<'a> {
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_lines(p: *const u8, bytes: usize) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    prefetch_lines_to::<{ std::arch::x86_64::_MM_HINT_T0 }>(p, bytes)
+}
+
+/// [`prefetch_lines`] with the cache-level hint `H` (`_MM_HINT_T0`: L1, `_MM_HINT_T1`: L2).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_lines_to<const H: i32>(p: *const u8, bytes: usize) {
     let mut off = 0;
     while off < bytes {
         // SAFETY: a prefetch never faults, whatever the address.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+        unsafe { std::arch::x86_64::_mm_prefetch::<H>(p.wrapping_add(off) as *const i8) };
         off += 64;
     }
 }
@@ -414,6 +420,12 @@ impl AttnCtx<'_> {
     /// reads KV from DRAM (a step's weights alone are three times the L3 cache).
     #[inline]
     pub(crate) fn prefetch(&self, c0: usize, n: usize, span: usize) {
+        self.prefetch_to::<{ std::arch::x86_64::_MM_HINT_T0 }>(c0, n, span)
+    }
+
+    /// [`Self::prefetch`] with the cache-level hint `H`.
+    #[inline]
+    pub(crate) fn prefetch_to<const H: i32>(&self, c0: usize, n: usize, span: usize) {
         let end = (c0 + n).min(self.ctx);
         let mut p = c0;
         while p < end {
@@ -423,13 +435,13 @@ impl AttnCtx<'_> {
             if span == self.row_bytes {
                 // The rows of one block are contiguous: one range per block.
                 let bytes = run * self.row_bytes;
-                prefetch_lines(self.kb.wrapping_add(off), bytes);
-                prefetch_lines(self.vb.wrapping_add(off), bytes);
+                prefetch_lines_to::<H>(self.kb.wrapping_add(off), bytes);
+                prefetch_lines_to::<H>(self.vb.wrapping_add(off), bytes);
             } else {
                 for j in 0..run {
                     let o = off + j * self.row_bytes;
-                    prefetch_lines(self.kb.wrapping_add(o), span);
-                    prefetch_lines(self.vb.wrapping_add(o), span);
+                    prefetch_lines_to::<H>(self.kb.wrapping_add(o), span);
+                    prefetch_lines_to::<H>(self.vb.wrapping_add(o), span);
                 }
             }
             p += run;
