@@ -106,17 +106,11 @@ pub struct RecentRequest {
 /// Recent requests kept for the list (newest first).
 pub const RECENT_REQUESTS: usize = 32;
 
-/// The recorder's per-request insight state.
-#[derive(Debug)]
+/// The recorder's per-request insight state that the step does not touch per block (the
+/// record's; what a block boundary touches is in [`Hot`], dense by slot).
+#[derive(Debug, Default)]
 pub(crate) struct RequestInsight {
     pub tenant: Option<usize>,
-    pub root_key: u64,
-    pub life: Option<Vec<Ev>>,
-    /// The owners of its lifecycle's `evicted` events, each held once.
-    pub owners: Vec<u32>,
-    /// The request's id in the block index's creators (`NONE` until it creates an entry).
-    pub creator: u32,
-    pub dropped: u64,
     /// Reasons of the tokens after the local hit and the pending external blocks.
     pub miss: MissTokens,
     pub local_blocks: usize,
@@ -126,25 +120,37 @@ pub(crate) struct RequestInsight {
     pub shared: bool,
 }
 
-impl Default for RequestInsight {
+/// What a live request's block boundaries touch of its insight, one cache line by slot: the
+/// lifecycle's buffers, its root key and its creator id. Kept apart from the request's
+/// record (hundreds of bytes, a line the step otherwise does not read) so that a thousand of
+/// them stay in the core's L2.
+#[derive(Debug)]
+#[repr(C, align(64))]
+pub(crate) struct Hot {
+    /// The lifecycle (`None`: not kept).
+    life: Option<Vec<Ev>>,
+    /// The owners of its lifecycle's `evicted` events, each held once.
+    owners: Vec<u32>,
+    root_key: u64,
+    /// The request's id in the block index's creators (`NONE` until it creates an entry).
+    creator: u32,
+    /// Events not kept (over [`MAX_BLOCK_EVENTS`]).
+    dropped: u32,
+}
+
+impl Default for Hot {
     fn default() -> Self {
-        RequestInsight {
-            tenant: None,
-            root_key: 0,
+        Hot {
             life: None,
             owners: Vec::new(),
+            root_key: 0,
             creator: NONE,
             dropped: 0,
-            miss: MissTokens::default(),
-            local_blocks: 0,
-            pending_blocks: 0,
-            divergence: None,
-            shared: false,
         }
     }
 }
 
-impl RequestInsight {
+impl Hot {
     /// Record `e`; false when the lifecycle is full (or not kept) and `e` was not recorded.
     #[inline]
     fn push(&mut self, e: Ev) -> bool {
@@ -153,7 +159,7 @@ impl RequestInsight {
                 l.push(e);
                 return true;
             }
-            self.dropped += 1;
+            self.dropped = self.dropped.saturating_add(1);
         }
         false
     }
@@ -232,6 +238,9 @@ pub(crate) struct Insight {
     history: VecDeque<Kept>,
     recent: VecDeque<RecentRequest>,
     spare: Vec<(Vec<Ev>, Vec<u32>)>,
+    /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
+    /// are kept).
+    hot: Vec<Hot>,
 }
 
 impl Insight {
@@ -250,7 +259,13 @@ impl Insight {
             history: VecDeque::new(),
             recent: VecDeque::new(),
             spare: Vec::new(),
+            hot: Vec::new(),
         }
+    }
+
+    /// Whether requests have a [`Hot`] state (lifecycles or the block index are kept).
+    fn keeps_hot(&self) -> bool {
+        self.cfg.request_history > 0 || self.cfg.block_index
     }
 
     fn ensure(&mut self, pool: &BlockPool) {
@@ -264,44 +279,96 @@ impl Insight {
         }
     }
 
-    /// A new request; `blocks` is about how many blocks it will touch (lifecycle room).
+    /// The hot state of `slot`, grown to it.
+    fn hot_at(&mut self, slot: u32) -> &mut Hot {
+        let i = slot as usize;
+        if self.hot.len() <= i {
+            self.hot.resize_with(i + 1, Hot::default);
+        }
+        &mut self.hot[i]
+    }
+
+    /// A new request in `slot`; `blocks` is about how many blocks it will touch (lifecycle
+    /// room).
     pub(crate) fn arrived(
         &mut self,
+        slot: u32,
         tenant: &Arc<str>,
         cache_salt: Option<&str>,
         adapter: Option<&str>,
         blocks: usize,
     ) -> RequestInsight {
-        let (life, owners) = if self.cfg.request_history > 0 {
-            let (mut v, o) = self.spare.pop().unwrap_or_default();
-            // Each block is hit, or allocated, filled and maybe evicted for.
-            v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
-            (Some(v), o)
-        } else {
-            (None, Vec::new())
-        };
-        RequestInsight {
-            tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
-            root_key: if self.cfg.block_index {
+        if self.keeps_hot() {
+            let (life, owners) = if self.cfg.request_history > 0 {
+                let (mut v, o) = self.spare.pop().unwrap_or_default();
+                // Each block is hit, or allocated, filled and maybe evicted for.
+                v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
+                (Some(v), o)
+            } else {
+                (None, Vec::new())
+            };
+            let root_key = if self.cfg.block_index {
                 root_key(cache_salt, adapter)
             } else {
                 0
-            },
-            life,
-            owners,
+            };
+            let old = std::mem::replace(
+                self.hot_at(slot),
+                Hot {
+                    life,
+                    owners,
+                    root_key,
+                    ..Default::default()
+                },
+            );
+            self.drop_hot(old);
+        }
+        RequestInsight {
+            tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
             ..Default::default()
         }
     }
 
-    /// A child sequence (n > 1) of a request.
-    pub(crate) fn forked(&self, parent: &RequestInsight) -> RequestInsight {
+    /// A child sequence (n > 1) of the request in `parent`, in `child`.
+    pub(crate) fn forked(
+        &mut self,
+        parent_slot: u32,
+        child_slot: u32,
+        tenant: Option<usize>,
+    ) -> RequestInsight {
+        if self.keeps_hot() {
+            let (root_key, keeps) = self
+                .hot
+                .get(parent_slot as usize)
+                .map_or((0, false), |h| (h.root_key, h.life.is_some()));
+            let old = std::mem::replace(
+                self.hot_at(child_slot),
+                Hot {
+                    life: keeps.then(Vec::new),
+                    root_key,
+                    ..Default::default()
+                },
+            );
+            self.drop_hot(old);
+        }
         RequestInsight {
-            tenant: parent.tenant,
-            root_key: parent.root_key,
-            life: parent.life.as_ref().map(|_| Vec::new()),
+            tenant,
             shared: true,
             ..Default::default()
         }
+    }
+
+    /// Release what a hot state left in a slot holds (none: a finished request's is taken).
+    fn drop_hot(&mut self, old: Hot) {
+        if old.creator != NONE {
+            if let Some(ix) = self.index.as_mut() {
+                ix.creators.release(old.creator);
+            }
+        }
+        release_owners(
+            self.index.as_mut().map(|ix| &mut ix.creators),
+            old.owners.iter().copied(),
+        );
     }
 
     /// Whether the 2x/4x estimates mean anything (a shadow set is kept).
@@ -330,6 +397,7 @@ impl Insight {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn first_lookup(
         &mut self,
+        slot: u32,
         ri: &mut RequestInsight,
         pool: &BlockPool,
         tokens: &[TokenId],
@@ -387,6 +455,7 @@ impl Insight {
         }
         ri.miss = m;
         // Where it diverged from a cached sibling of its first uncached block.
+        let root_key = self.hot.get(slot as usize).map_or(0, |h| h.root_key);
         if let Some(ix) = self.index.as_ref() {
             let j = cached;
             let ours = &tokens[(j * b).min(prompt_len)..((j + 1) * b).min(prompt_len)];
@@ -399,7 +468,7 @@ impl Insight {
                 hashes.get(j - 1).and_then(|h| pool.lookup(h)).map(Some)
             };
             if let (false, false, Some(parent)) = (ours.is_empty(), own_cached, parent) {
-                if let Some(s) = ix.diverging_sibling(parent, ri.root_key, ours) {
+                if let Some(s) = ix.diverging_sibling(parent, root_key, ours) {
                     let at = j * b + s.offset;
                     let theirs = ix.tokens(s.block);
                     let end = (at + DIVERGENCE_CONTEXT).min((j + 1) * b).min(prompt_len);
@@ -422,7 +491,7 @@ impl Insight {
     /// when they count as found in the per-block index).
     pub(crate) fn hits(
         &mut self,
-        ri: &mut RequestInsight,
+        slot: u32,
         blocks: &[BlockId],
         hashes: &[BlockHash],
         hits: usize,
@@ -436,9 +505,9 @@ impl Insight {
                 }
             }
         }
-        if ri.life.is_none() {
+        let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
             return;
-        }
+        };
         for (j, &blk) in blocks.iter().enumerate().take(hits) {
             ri.push(Ev::new(
                 BlockEventKind::Hit,
@@ -460,13 +529,13 @@ impl Insight {
     /// whose entries (`evicted`) were dropped.
     pub(crate) fn allocated(
         &mut self,
-        ri: Option<&mut RequestInsight>,
+        slot: Option<u32>,
         pool: &BlockPool,
         kv: &crate::kv_manager::KvEffects,
         blocks: &[BlockId],
     ) {
         self.ensure(pool);
-        let mut ri = ri;
+        let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
         let new = &blocks[first_new..];
         // The pool takes blocks in queue order and lists evictions as it goes: the evicted
@@ -543,7 +612,7 @@ impl Insight {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn filled(
         &mut self,
-        ri: Option<&mut RequestInsight>,
+        slot: Option<u32>,
         label: &Arc<str>,
         pool: &BlockPool,
         kv: &crate::kv_manager::KvEffects,
@@ -553,7 +622,7 @@ impl Insight {
         now: f64,
     ) {
         let b = self.block_size;
-        let mut ri = ri;
+        let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
         if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
             for &i in &kv.created {
                 let i = i as usize;
@@ -617,17 +686,19 @@ impl Insight {
         }
     }
 
-    pub(crate) fn loaded(&mut self, ri: &mut RequestInsight, hashes_from: usize, n: usize) {
-        if ri.life.is_none() {
+    pub(crate) fn loaded(&mut self, slot: u32, hashes_from: usize, n: usize) {
+        let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
             return;
-        }
+        };
         for j in hashes_from..hashes_from + n {
             ri.push(Ev::new(BlockEventKind::Loaded, Some(j as u32), None, None));
         }
     }
 
-    pub(crate) fn preempted(&mut self, ri: &mut RequestInsight) {
-        ri.push(Ev::new(BlockEventKind::Preempted, None, None, None));
+    pub(crate) fn preempted(&mut self, slot: u32) {
+        if let Some(ri) = self.hot.get_mut(slot as usize) {
+            ri.push(Ev::new(BlockEventKind::Preempted, None, None, None));
+        }
     }
 
     pub(crate) fn reset(&mut self) {
@@ -643,6 +714,7 @@ impl Insight {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn finished(
         &mut self,
+        slot: u32,
         ri: RequestInsight,
         request_id: &Arc<str>,
         handle: u64,
@@ -669,12 +741,17 @@ impl Insight {
                 finish_reason: reason,
             });
         }
-        if ri.creator != NONE {
+        let hot = self
+            .hot
+            .get_mut(slot as usize)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if hot.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
-                ix.creators.release(ri.creator);
+                ix.creators.release(hot.creator);
             }
         }
-        let Some(mut events) = ri.life else { return };
+        let Some(mut events) = hot.life else { return };
         // The sequences of one request share its entry.
         let joined = if ri.shared {
             self.history.iter_mut().rev().find(|h| h.handle == handle)
@@ -682,7 +759,7 @@ impl Insight {
             None
         };
         if let Some(h) = joined {
-            h.dropped += ri.dropped;
+            h.dropped += u64::from(hot.dropped);
             let room = MAX_BLOCK_EVENTS.saturating_sub(h.events.len());
             if events.len() > room {
                 h.dropped += (events.len() - room) as u64;
@@ -700,7 +777,7 @@ impl Insight {
                 h.finish_reason = reason;
                 h.prompt_tokens = prompt_tokens;
             }
-            self.recycle(events, ri.owners);
+            self.recycle(events, hot.owners);
             return;
         }
         if self.history.len() >= self.cfg.request_history {
@@ -721,8 +798,8 @@ impl Insight {
             generation_tokens,
             prefill_stats: stats,
             events,
-            owners: ri.owners,
-            dropped: ri.dropped,
+            owners: hot.owners,
+            dropped: u64::from(hot.dropped),
         });
     }
 

@@ -417,7 +417,9 @@ impl Recorder {
                 session,
             } => {
                 let blocks = (prompt_len + max_tokens as usize).div_ceil(b);
-                let ins = self.insight.arrived(tenant, cache_salt, adapter, blocks);
+                let ins = self
+                    .insight
+                    .arrived(slot, tenant, cache_salt, adapter, blocks);
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
@@ -479,8 +481,8 @@ impl Recorder {
                     return;
                 };
                 let hits = lookup.map_or(0, |l| l.local_hit_tokens / b);
-                insight.hits(&mut r.ins, blocks, hashes, hits, first, now);
-                insight.allocated(Some(&mut r.ins), pool, kv, blocks);
+                insight.hits(slot, blocks, hashes, hits, first, now);
+                insight.allocated(Some(slot), pool, kv, blocks);
                 if first {
                     r.admitted = true;
                     r.times.first_scheduled = Some(now);
@@ -494,6 +496,7 @@ impl Recorder {
                                 (l.queried_tokens - l.local_hit_tokens) as u64;
                         }
                         let li = insight.first_lookup(
+                            slot,
                             &mut r.ins,
                             pool,
                             tokens,
@@ -544,7 +547,7 @@ impl Recorder {
                 let (totals, insight) = (&mut self.totals, &mut self.insight);
                 if let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) {
                     let from = r.ins.local_blocks;
-                    insight.loaded(&mut r.ins, from, sources.len());
+                    insight.loaded(slot, from, sources.len());
                     for &t in sources {
                         let n = b as u64;
                         match t {
@@ -571,21 +574,21 @@ impl Recorder {
                 self.totals.blocks_allocated += alloc;
                 self.totals.blocks_evicted += evicted;
                 let r = self.records.get_mut(slot as usize).and_then(|r| r.as_mut());
-                let ins = r.map(|r| {
+                let live = r.map(|r| {
                     if !r.finalized {
                         r.stats.blocks_allocated += alloc;
                         r.stats.blocks_evicted += evicted;
                     }
-                    &mut r.ins
+                    slot
                 });
-                self.insight.allocated(ins, pool, kv, blocks);
+                self.insight.allocated(live, pool, kv, blocks);
                 self.insight.trim();
                 self.removed(slot, kv);
             }
             Effect::Preempted { slot } => {
                 self.totals.num_preemptions += 1;
                 if let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) {
-                    self.insight.preempted(&mut r.ins);
+                    self.insight.preempted(slot);
                     r.num_preemptions += 1;
                     if !r.finalized {
                         r.stats.preemptions += 1;
@@ -610,16 +613,8 @@ impl Recorder {
                         .filled(None, &label, pool, kv, hashes, tokens, blocks, now);
                     return;
                 };
-                self.insight.filled(
-                    Some(&mut r.ins),
-                    &r.label,
-                    pool,
-                    kv,
-                    hashes,
-                    tokens,
-                    blocks,
-                    now,
-                );
+                self.insight
+                    .filled(Some(slot), &r.label, pool, kv, hashes, tokens, blocks, now);
                 if !prefill || r.finalized {
                     return;
                 }
@@ -715,6 +710,7 @@ impl Recorder {
                 self.finished.push(finished.clone());
                 let divergence = r.ins.divergence.take();
                 self.insight.finished(
+                    slot,
                     r.ins,
                     &finished.request_id,
                     r.handle,
@@ -755,7 +751,7 @@ impl Recorder {
                     first_token: Some(now),
                     finished: None,
                 };
-                let rec = Record {
+                let mut rec = Record {
                     finalized: true,
                     handle: p.handle,
                     label: p.label.clone(),
@@ -775,8 +771,10 @@ impl Recorder {
                     cache_salt: p.cache_salt.clone(),
                     adapter: p.adapter.clone(),
                     child: true,
-                    ins: self.insight.forked(&p.ins),
+                    ins: RequestInsight::default(),
                 };
+                let tenant = p.ins.tenant;
+                rec.ins = self.insight.forked(parent, child, tenant);
                 let i = child as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
@@ -791,8 +789,7 @@ impl Recorder {
                 {
                     p.ins.shared = true;
                 }
-                let ins = self.records[i].as_mut().map(|r| &mut r.ins);
-                self.insight.allocated(ins, pool, kv, blocks);
+                self.insight.allocated(Some(child), pool, kv, blocks);
                 self.insight.trim();
                 self.totals.generation_tokens += 1;
                 self.totals.blocks_allocated += kv.allocated as u64;
