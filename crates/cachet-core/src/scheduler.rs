@@ -26,7 +26,7 @@ use crate::observe::{Effect, Lookup, Observer};
 use crate::recorder::Report;
 use crate::request::{FinishReason, SamplingParams, ValidRequest};
 use crate::sessions::{SessionInfo, SessionTable};
-use crate::stats::Gauges;
+use crate::stats::{Gauges, SpecDecodeCounts};
 use crate::{BlockId, TokenId};
 
 #[path = "fork.rs"]
@@ -177,6 +177,8 @@ pub struct RequestUpdate {
     /// Requests with prompt logprobs: one per prompt token after the first, on the first-token
     /// update (or the final one with `max_tokens: 0`).
     pub prompt_logprobs: Option<Box<Vec<Sampled>>>,
+    /// Speculative decoding on: this sequence's draft counts (final update only).
+    pub spec_decode: Option<SpecDecodeCounts>,
 }
 
 impl RequestUpdate {
@@ -191,6 +193,7 @@ impl RequestUpdate {
             report: None,
             seq,
             prompt_logprobs: None,
+            spec_decode: None,
         }
     }
 }
@@ -840,6 +843,7 @@ impl<O: Observer> Scheduler<O> {
         let mut u = RequestUpdate::new(slot, r.handle, r.seq);
         u.finish = Some(reason);
         u.session = r.session;
+        u.spec_decode = self.cfg.speculative.is_some().then_some(r.spec.counts);
         u
     }
 

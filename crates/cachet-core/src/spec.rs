@@ -20,12 +20,21 @@
 //! * no drafts for a request in prefill, with a constraint (structured output) or with
 //!   `n > 1` before its fork.
 //!
+//! Rejected drafts cost verification work (at batch 1 each draft token is one more row through
+//! every layer and the lm_head), so with [`SpecConfig::miss_backoff`] a request whose drafts
+//! keep being rejected drafts less often: after `m >= 2` consecutive drafts with nothing
+//! accepted it passes over its next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]), and its
+//! first accepted token ends the streak. The decision reads only the request's own past
+//! acceptances (never telemetry), so it is deterministic; drafts never change what is
+//! sampled, so greedy output stays identical to plain decoding whatever is drafted.
+//!
 //! This module is a child of the scheduler (it reads the scheduler's request state) and is
 //! re-exported as `crate::spec`.
 
 use super::{Request, RequestUpdate, Scheduler, SchedulerConfig};
 use crate::exec::Sampled;
 use crate::observe::{Effect, Observer};
+use crate::stats::SpecDecodeCounts;
 use crate::TokenId;
 
 /// Speculative decoding settings (`--speculative ngram`).
@@ -37,6 +46,8 @@ pub struct SpecConfig {
     pub prompt_lookup_min: usize,
     /// Longest n-gram matched (tried first).
     pub prompt_lookup_max: usize,
+    /// Draft less for a request whose drafts keep being rejected (see the module docs).
+    pub miss_backoff: bool,
 }
 
 impl Default for SpecConfig {
@@ -45,7 +56,20 @@ impl Default for SpecConfig {
             num_speculative_tokens: 5,
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,
+            miss_backoff: true,
         }
+    }
+}
+
+/// Most proposals a request passes over after a streak of rejected drafts.
+pub const MAX_SKIP: u32 = 15;
+
+/// Proposals to pass over after `misses` consecutive drafts with nothing accepted: none after
+/// one, then 1, 3, 7, 15, 15, ...
+pub fn backoff_skips(misses: u32) -> u32 {
+    match misses {
+        0 | 1 => 0,
+        m => ((1u32 << (m - 1).min(5)) - 1).min(MAX_SKIP),
     }
 }
 
@@ -90,10 +114,32 @@ impl SpecDecodeStats {
 pub(crate) struct SpecState {
     /// `[last token, d1..dk]` of the planned chunk (reused: no allocation per step).
     pub(crate) buf: Vec<TokenId>,
-    /// Draft tokens verified for this request.
-    pub(crate) drafted: u64,
-    /// Draft tokens accepted for this request.
-    pub(crate) accepted: u64,
+    /// This request's (this sequence's) drafts, draft tokens and accepted tokens so far.
+    pub(crate) counts: SpecDecodeCounts,
+    /// Consecutive verified drafts of which nothing was accepted (the backoff's streak).
+    pub(crate) misses: u32,
+    /// Proposals still to pass over.
+    pub(crate) skip: u32,
+}
+
+impl SpecState {
+    /// Count one verified draft of `drafted` tokens of which `accepted` were taken, and move the
+    /// backoff (`backoff`: [`SpecConfig::miss_backoff`]).
+    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, backoff: bool) {
+        self.counts.accumulate(&SpecDecodeCounts {
+            num_drafts: 1,
+            num_draft_tokens: drafted as u64,
+            num_accepted_tokens: accepted as u64,
+        });
+        if accepted > 0 {
+            self.misses = 0;
+        } else {
+            self.misses = self.misses.saturating_add(1);
+            if backoff {
+                self.skip = backoff_skips(self.misses);
+            }
+        }
+    }
 }
 
 /// Propose up to `k` draft tokens for `tokens` (prompt and output so far): the tokens that
@@ -186,6 +232,12 @@ pub(super) fn plan(
         &mut st.buf,
     );
     if k == 0 {
+        return 0;
+    }
+    if st.skip > 0 {
+        // Backing off: this proposal is passed over.
+        st.skip -= 1;
+        st.buf.clear();
         return 0;
     }
     st.buf.insert(0, r.tokens[r.num_computed]);
@@ -306,6 +358,42 @@ mod tests {
         // An executor answer with a token after a mismatch is cut there.
         assert_eq!(accepted(&[5, 6, 7], &s(5), &[s(9), s(7)]), 1);
         assert_eq!(accepted(&[5, 6, 7], &s(4), &[s(6)]), 0);
+    }
+
+    #[test]
+    fn the_backoff_doubles_with_each_rejected_draft_and_an_acceptance_ends_it() {
+        assert_eq!(
+            (0..9).map(backoff_skips).collect::<Vec<_>>(),
+            vec![0, 0, 1, 3, 7, 15, 15, 15, 15]
+        );
+        let mut st = SpecState::default();
+        st.record(3, 0, true);
+        assert_eq!((st.misses, st.skip), (1, 0));
+        st.record(2, 0, true);
+        assert_eq!((st.misses, st.skip), (2, 1));
+        st.skip = 0; // the one proposal passed over
+        st.record(1, 0, true);
+        assert_eq!((st.misses, st.skip), (3, 3));
+        // An accepted token ends the streak (the skip was spent before drafting again).
+        st.skip = 0;
+        st.record(4, 1, true);
+        assert_eq!((st.misses, st.skip), (0, 0));
+        st.record(2, 0, true);
+        assert_eq!((st.misses, st.skip), (1, 0));
+        assert_eq!(
+            st.counts,
+            SpecDecodeCounts {
+                num_drafts: 5,
+                num_draft_tokens: 12,
+                num_accepted_tokens: 1
+            }
+        );
+        // Off: the streak is counted, nothing is skipped.
+        let mut st = SpecState::default();
+        for _ in 0..4 {
+            st.record(1, 0, false);
+        }
+        assert_eq!((st.misses, st.skip), (4, 0));
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::exec::{ExecBatch, ExecOutput, PromptLogprobsSpec, SampleSpec, SeqChun
 use crate::hash::BlockHash;
 use crate::observe::{Effect, Observer};
 use crate::request::FinishReason;
+use crate::stats::SpecDecodeCounts;
 use crate::{BlockId, TokenId};
 
 impl<O: Observer> Scheduler<O> {
@@ -125,8 +126,8 @@ impl<O: Observer> Scheduler<O> {
                 let drafts = r.spec.buf.get(1..=chunk.drafts).unwrap_or(&[]);
                 let a = spec::accepted(drafts, &sampled, &extra);
                 extra.truncate(a);
-                r.spec.drafted += chunk.drafts as u64;
-                r.spec.accepted += a as u64;
+                let backoff = self.cfg.speculative.is_some_and(|c| c.miss_backoff);
+                r.spec.record(chunk.drafts, a, backoff);
                 self.spec_stats.record(chunk.drafts, a);
             }
             r.tokens.push(sampled.token);
@@ -212,9 +213,9 @@ impl<O: Observer> Scheduler<O> {
         std::mem::take(&mut self.spec_stats)
     }
 
-    /// The request's (drafted, accepted) draft tokens so far.
-    pub fn spec_counts(&self, slot: u32) -> Option<(u64, u64)> {
-        self.slot(slot).map(|r| (r.spec.drafted, r.spec.accepted))
+    /// The live request's speculation counts so far (its final update carries them).
+    pub fn spec_counts(&self, slot: u32) -> Option<SpecDecodeCounts> {
+        self.slot(slot).map(|r| r.spec.counts)
     }
 
     /// Blocks that became new cache entries since the last call (with `report_new_entries`).

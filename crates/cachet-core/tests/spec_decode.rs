@@ -4,8 +4,8 @@
 
 use cachet_core::exec::{ExecBatch, ExecOutput, Sampled};
 use cachet_core::scheduler::{ScheduledChunk, SchedulerOutput};
-use cachet_core::spec::SpecConfig;
-use cachet_core::stats::PrefillStats;
+use cachet_core::spec::{SpecConfig, SpecDecodeStats};
+use cachet_core::stats::{PrefillStats, SpecDecodeCounts};
 use cachet_core::{
     FinishReason, HashSeed, Recorder, RequestDraft, SamplingParams, Scheduler, SchedulerConfig,
 };
@@ -54,6 +54,7 @@ fn spec3() -> Option<SpecConfig> {
         num_speculative_tokens: 3,
         prompt_lookup_min: 1,
         prompt_lookup_max: 4,
+        miss_backoff: true,
     })
 }
 
@@ -363,5 +364,231 @@ fn spec_counters_are_per_request_and_per_step() {
     assert_eq!(per_step[1].accepted_per_pos, vec![1]);
     assert_eq!(per_step[2].num_accepted_tokens, 3);
     assert_eq!(per_step[2].accepted_per_pos, vec![1, 1, 1]);
-    assert_eq!(s.spec_counts(slot), Some((4, 4)));
+    assert_eq!(
+        s.spec_counts(slot),
+        Some(SpecDecodeCounts {
+            num_drafts: 2,
+            num_draft_tokens: 4,
+            num_accepted_tokens: 4
+        })
+    );
+}
+
+fn counts(num_drafts: u64, num_draft_tokens: u64, num_accepted_tokens: u64) -> SpecDecodeCounts {
+    SpecDecodeCounts {
+        num_drafts,
+        num_draft_tokens,
+        num_accepted_tokens,
+    }
+}
+
+/// Runs every request added to `s` to its end with `script`; returns each final update's
+/// `spec_decode` by (handle, seq) and the sum of the per-step counters.
+fn finals(
+    s: &mut Scheduler<Recorder>,
+    script: &[u32],
+    forks: Option<Vec<u32>>,
+) -> (Vec<((u64, u32), Option<SpecDecodeCounts>)>, SpecDecodeStats) {
+    let mut out = Vec::new();
+    let mut sum = SpecDecodeStats::default();
+    let mut t = 0.0;
+    let mut forks = forks;
+    while s.has_unfinished() {
+        t += 1.0;
+        let plan = s.schedule(t, None);
+        let mut res = scripted(script, &s.exec_batch(&plan));
+        if let Some(f) = forks.take() {
+            res.forks
+                .push((0, f.into_iter().map(Sampled::token).collect()));
+        }
+        for u in s.update(&plan, res, t) {
+            if u.finish.is_some() {
+                out.push(((u.handle, u.seq), u.spec_decode));
+            } else {
+                assert_eq!(u.spec_decode, None, "counts only on the final update");
+            }
+        }
+        let d = s.take_spec_stats();
+        sum.num_drafts += d.num_drafts;
+        sum.num_draft_tokens += d.num_draft_tokens;
+        sum.num_accepted_tokens += d.num_accepted_tokens;
+    }
+    out.sort_by_key(|x| x.0);
+    (out, sum)
+}
+
+fn scheduler(spec: Option<SpecConfig>) -> Scheduler<Recorder> {
+    let seed = HashSeed::new(&[9; 32], 4, "test");
+    Scheduler::new(config(spec), seed, Recorder::new(4))
+}
+
+fn add(s: &mut Scheduler<Recorder>, handle: u64, d: RequestDraft) -> u32 {
+    let v = s.config().limits().validate(d).unwrap();
+    s.add_request(handle, 0.0, v).unwrap()
+}
+
+#[test]
+fn the_final_update_carries_the_requests_own_counts() {
+    // COPY, 10 tokens: step 2 drafts [3] (accepted), step 3 [5, 6, 7] (all accepted), then
+    // nothing recurs: 2 drafts, 4 draft tokens, 4 accepted.
+    let mut s = scheduler(spec3());
+    add(&mut s, 1, draft("a", &PROMPT, 10));
+    let (f, sum) = finals(&mut s, &COPY, None);
+    assert_eq!(f, vec![((1, 0), Some(counts(2, 4, 4)))]);
+    assert_eq!(
+        (
+            sum.num_drafts,
+            sum.num_draft_tokens,
+            sum.num_accepted_tokens
+        ),
+        (2, 4, 4)
+    );
+
+    // The rejecting script, 8 tokens: [3] accepted at p = 10; [5, 6, 7] at p = 12 accepts 5
+    // (then 9); at p = 14 (token 9, one slot left in block 12..15) the 1-gram [9] recurs at 8
+    // and drafts [1], which the model rejects (40); then 40, 41, 42 recur nowhere.
+    // 3 drafts, 1 + 3 + 1 = 5 draft tokens, 1 + 1 + 0 = 2 accepted.
+    let script = [2, 3, 4, 5, 9, 40, 41, 42, 43, 44];
+    let mut s = scheduler(spec3());
+    add(&mut s, 1, draft("a", &PROMPT, 8));
+    let (f, _) = finals(&mut s, &script, None);
+    assert_eq!(f, vec![((1, 0), Some(counts(3, 5, 2)))]);
+
+    // Speculation off: no counts at all.
+    let mut s = scheduler(None);
+    add(&mut s, 1, draft("a", &PROMPT, 10));
+    let (f, sum) = finals(&mut s, &COPY, None);
+    assert_eq!(f, vec![((1, 0), None)]);
+    assert!(sum.is_zero());
+}
+
+#[test]
+fn concurrent_and_forked_sequences_each_count_their_own_drafts_and_sum_to_the_counters() {
+    let mut s = scheduler(spec3());
+    // Two requests in one batch with the same script: each gets the single-request counts.
+    // A third with max_tokens 3 ends after [2, 3, 4]: one draft [3], accepted (its p = 10
+    // block has one slot), and after 3 one token remains: no draft.
+    add(&mut s, 1, draft("a", &PROMPT, 10));
+    add(&mut s, 2, draft("b", &PROMPT, 10));
+    add(&mut s, 3, draft("c", &PROMPT, 3));
+    let (f, sum) = finals(&mut s, &COPY, None);
+    assert_eq!(
+        f,
+        vec![
+            ((1, 0), Some(counts(2, 4, 4))),
+            ((2, 0), Some(counts(2, 4, 4))),
+            ((3, 0), Some(counts(1, 1, 1))),
+        ]
+    );
+    let total = f
+        .iter()
+        .filter_map(|x| x.1)
+        .fold(counts(0, 0, 0), |mut a, c| {
+            a.accumulate(&c);
+            a
+        });
+    assert_eq!(
+        (
+            sum.num_drafts,
+            sum.num_draft_tokens,
+            sum.num_accepted_tokens
+        ),
+        (
+            total.num_drafts,
+            total.num_draft_tokens,
+            total.num_accepted_tokens
+        )
+    );
+    assert_eq!(total, counts(5, 9, 9));
+
+    // n = 2, the fork's draw is 2 as well: both sequences then follow COPY on their own
+    // (the script indexes by output length) and count the same drafts, each its own.
+    let mut s = scheduler(spec3());
+    let mut d = draft("a", &PROMPT, 10);
+    d.n = 2;
+    add(&mut s, 7, d);
+    let (f, sum) = finals(&mut s, &COPY, Some(vec![2]));
+    assert_eq!(
+        f,
+        vec![
+            ((7, 0), Some(counts(2, 4, 4))),
+            ((7, 1), Some(counts(2, 4, 4)))
+        ]
+    );
+    assert_eq!(sum.num_draft_tokens, 8);
+}
+
+#[test]
+fn an_aborted_request_reports_the_drafts_verified_before_the_abort() {
+    let mut s = scheduler(spec3());
+    let slot = add(&mut s, 1, draft("a", &PROMPT, 10));
+    for t in 1..=3 {
+        let plan = s.schedule(t as f64, None);
+        let res = scripted(&COPY, &s.exec_batch(&plan));
+        s.update(&plan, res, t as f64);
+    }
+    // After three steps: [3] then [5, 6, 7], all accepted.
+    let u = s.finish(slot, FinishReason::Abort, 4.0).unwrap();
+    assert_eq!(u.finish, Some(FinishReason::Abort));
+    assert_eq!(u.spec_decode, Some(counts(2, 4, 4)));
+}
+
+/// A prompt with one 10 (followed by 4), and an output that says 10 every other token and a
+/// fresh token (100, 101, ...) in between: after each 10 the lookup finds the previous 10 and
+/// proposes what followed it, which the model never says again. Every draft is rejected.
+const LONE: [u32; 6] = [1, 2, 3, 10, 4, 5];
+
+fn rejecting_script(len: usize) -> Vec<u32> {
+    (0..len as u32)
+        .map(|i| if i % 2 == 0 { 10 } else { 100 + i / 2 })
+        .collect()
+}
+
+/// Steps (1-based, the prefill is step 1) whose chunk carried drafts.
+fn drafting_steps(r: &Run) -> Vec<usize> {
+    r.plans
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.chunks[0].drafts > 0)
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
+    let script = rejecting_script(48);
+    let spec = |b| {
+        Some(SpecConfig {
+            miss_backoff: b,
+            ..spec3().unwrap()
+        })
+    };
+    // 40 tokens, one per step: step 1 samples 10, and every even step has a 10 last, so a
+    // proposal. Without the backoff each is drafted: steps 2, 4, ..., 38, 19 drafts (at step
+    // 40 one token remains: no room for a draft).
+    let plain = run(config(spec(false)), draft("a", &LONE, 40), &script);
+    assert_eq!(
+        drafting_steps(&plain),
+        (2..=38).step_by(2).collect::<Vec<_>>()
+    );
+    // With it: step 2 drafts (miss 1, no skip), step 4 (miss 2: skip 1 proposal, step 6),
+    // step 8 (miss 3: skip 3: 10, 12, 14), step 16 (miss 4: skip 7: 18..=30), step 32 (miss
+    // 5: skip 15, past the end).
+    let on = run(config(spec(true)), draft("a", &LONE, 40), &script);
+    assert_eq!(drafting_steps(&on), vec![2, 4, 8, 16, 32]);
+    // Nothing else changes: the same 40 tokens in 40 steps, as plain decoding.
+    let off = run(config(None), draft("a", &LONE, 40), &script);
+    assert_eq!(on.output, script[..40].to_vec());
+    assert_eq!(plain.output, on.output);
+    assert_eq!(off.output, on.output);
+    assert_eq!((on.plans.len(), plain.plans.len()), (40, 40));
+    assert_eq!(on.stats, off.stats);
+    // The final update's counts: 5 drafts, none accepted. Each draft is `[4, 5, 10]` at step 2
+    // (k capped at 3) and `[previous fresh token, 10]` after (the proposal runs to the end of
+    // the context), capped by the room left in p's block of 4: p = 6 at step 2 (1 slot
+    // left), then p = 8, 12, 20, 36 (3 slots, so 2 drafts each).
+    let mut s = scheduler(spec(true));
+    add(&mut s, 1, draft("a", &LONE, 40));
+    let (f, _) = finals(&mut s, &script, None);
+    assert_eq!(f, vec![((1, 0), Some(counts(5, 1 + 2 * 4, 0)))]);
 }

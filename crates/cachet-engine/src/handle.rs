@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cachet_core::scheduler::AddError;
-use cachet_core::stats::Gauges;
+use cachet_core::stats::{Gauges, SpecDecodeCounts};
 use cachet_core::{FinishReason, Report, RequestLimits, Sampled, SessionInfo, ValidRequest};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -89,6 +89,9 @@ pub struct RequestOutput {
     /// Requests with prompt logprobs: one per prompt token after the first (on the first-token
     /// output, or the final one with `max_tokens: 0`).
     pub prompt_logprobs: Option<Vec<Sampled>>,
+    /// Speculative decoding on: this sequence's draft counts (on its final output; `None` on
+    /// every other output and when speculation is off).
+    pub spec_decode: Option<SpecDecodeCounts>,
 }
 
 impl RequestOutput {
@@ -102,6 +105,7 @@ impl RequestOutput {
             error: Some(error),
             seq: 0,
             prompt_logprobs: None,
+            spec_decode: None,
         }
     }
 }

@@ -106,6 +106,7 @@ impl Routes {
             error: error.cloned(),
             seq: up.seq,
             prompt_logprobs: up.prompt_logprobs.map(|b| *b),
+            spec_decode: up.spec_decode,
         };
         if out.finish_reason.is_some() {
             let route = entry.take()?;

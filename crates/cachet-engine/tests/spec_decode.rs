@@ -211,6 +211,7 @@ fn spec(k: usize, min: usize, max: usize) -> Option<SpecConfig> {
         num_speculative_tokens: k,
         prompt_lookup_min: min,
         prompt_lookup_max: max.max(min),
+        ..Default::default()
     })
 }
 

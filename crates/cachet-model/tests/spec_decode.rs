@@ -87,6 +87,7 @@ fn greedy_and_seeded_output_is_identical_with_drafts() {
         num_speculative_tokens: 5,
         prompt_lookup_min: 1,
         prompt_lookup_max: 4,
+        ..Default::default()
     });
 
     let greedy = SamplingParams::greedy(80);
@@ -117,6 +118,7 @@ fn greedy_and_seeded_output_is_identical_with_drafts() {
             num_speculative_tokens: k,
             prompt_lookup_min: 1,
             prompt_lookup_max: 4,
+            ..Default::default()
         });
         let (on, st, _) = generate(&m, &prompt, sampled.clone(), cfg);
         assert_eq!(on, off, "K = {k}");

@@ -501,6 +501,7 @@ fn aborted(gen: &Generation) -> Final {
         seq: 0,
         last: true,
         divergence_text: None,
+        spec_decode: Vec::new(),
     }
 }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use cachet_core::request::InvalidRequest;
+use cachet_core::stats::SpecDecodeCounts;
 use cachet_core::{FinishReason, Report, RequestDraft, Sampled, SessionInfo};
 use cachet_engine::{
     AddError, AddRequestError, EngineFailure, EngineState, RequestHandle, RequestStream,
@@ -78,6 +79,9 @@ pub struct Final {
     /// With per-request metrics: the text around the point where the prompt left a cached
     /// one (`{"before", "ours", "theirs"}`, each a few tokens, detokenized and clipped).
     pub divergence_text: Option<serde_json::Value>,
+    /// Speculative decoding on: each sequence's draft counts by its index, for the sequences
+    /// ended so far (the request's last final: all of them); empty when speculation is off.
+    pub spec_decode: Vec<Option<SpecDecodeCounts>>,
 }
 
 /// Longest text shown for each side of a divergence point.
@@ -115,6 +119,8 @@ struct Seq {
     tokens_received: u64,
     /// Generated tokens as the engine counted them (from the sequence's finished record).
     generated: Option<u64>,
+    /// The sequence's speculation counts (from its final output).
+    spec_decode: Option<SpecDecodeCounts>,
     done: bool,
 }
 
@@ -225,6 +231,7 @@ impl Generation {
                 stop_hit: None,
                 tokens_received: 0,
                 generated: None,
+                spec_decode: None,
                 done: false,
             });
         }
@@ -319,6 +326,9 @@ impl Generation {
                         continue;
                     };
                     seq.tokens_received += out.tokens.len() as u64;
+                    if out.spec_decode.is_some() {
+                        seq.spec_decode = out.spec_decode;
+                    }
                     let mut delta = Delta {
                         seq: si as u32,
                         ..Delta::default()
@@ -433,7 +443,13 @@ impl Generation {
             .and_then(|r| r.divergence.as_deref())
             .filter(|_| self.state.per_request_metrics())
             .map(|d| divergence_text(self.state.tokenizer().as_ref(), d));
+        let spec_decode = if self.seqs.iter().any(|s| s.spec_decode.is_some()) {
+            self.seqs.iter().map(|s| s.spec_decode).collect()
+        } else {
+            Vec::new()
+        };
         self.queue.push_back(GenEvent::Done(Box::new(Final {
+            spec_decode,
             stop,
             report,
             divergence_text,

@@ -1,6 +1,7 @@
 //! Usage and per-request metrics objects: formatting of the engine's numbers, nothing computed
 //! beyond the sums and differences the APIs define.
 
+use cachet_core::stats::SpecDecodeCounts;
 use cachet_core::{PrefillStats, Report, SessionInfo};
 use serde_json::{json, Value};
 
@@ -128,10 +129,38 @@ pub fn prefix_cache_json(p: &PrefillStats, queue_s: f64, prefill_s: f64) -> Valu
     v
 }
 
+/// `metrics.spec_decode` with speculative decoding on: the request's
+/// `{"num_drafts", "num_draft_tokens", "num_accepted_tokens"}`, summed over its sequences, and
+/// with `n > 1` each sequence's own in `choices: [{"index", ...the three}]` (index = the
+/// sequence, 0-based, of every sequence generated). `None` when speculation is off.
+pub fn spec_decode_json(per_seq: &[Option<SpecDecodeCounts>]) -> Option<Value> {
+    if per_seq.iter().all(Option::is_none) {
+        return None;
+    }
+    let mut total = SpecDecodeCounts::default();
+    for c in per_seq.iter().flatten() {
+        total.accumulate(c);
+    }
+    let mut v = json!(total);
+    if per_seq.len() > 1 {
+        v["choices"] = per_seq
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let mut j = json!(c.as_ref()?);
+                j["index"] = json!(i);
+                Some(j)
+            })
+            .collect();
+    }
+    Some(v)
+}
+
 /// The top-level `metrics` object of `--enable-per-request-metrics`. `prefix_cache` is the
 /// request's (a session turn: the turn's own chunk) stats, with `external_sources` naming the
 /// tier of its external tokens; a session turn adds `session`:
-/// `{"session_continued", "retained_tokens", "cumulative": {every spec §3 field}}`.
+/// `{"session_continued", "retained_tokens", "cumulative": {every spec §3 field}}`; speculative
+/// decoding adds `spec_decode` ([`spec_decode_json`]).
 pub fn request_metrics_json(f: &Final) -> Value {
     let rep = f.report.as_ref();
     let fin = rep.and_then(|r| r.finished.as_ref());
@@ -159,6 +188,9 @@ pub fn request_metrics_json(f: &Final) -> Value {
             Some(j)
         }),
     });
+    if let Some(sd) = spec_decode_json(&f.spec_decode) {
+        v["spec_decode"] = sd;
+    }
     if let (Some(s), Some(cum)) = (&f.session, rep.and_then(|r| r.session)) {
         v["session"] = json!({
             "session_continued": s.continued(),
@@ -167,4 +199,41 @@ pub fn request_metrics_json(f: &Final) -> Value {
         });
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(d: u64, t: u64, a: u64) -> Option<SpecDecodeCounts> {
+        Some(SpecDecodeCounts {
+            num_drafts: d,
+            num_draft_tokens: t,
+            num_accepted_tokens: a,
+        })
+    }
+
+    #[test]
+    fn spec_decode_is_absent_when_off_and_summed_over_choices() {
+        assert_eq!(spec_decode_json(&[]), None);
+        assert_eq!(spec_decode_json(&[None, None]), None);
+        // One sequence: the three counts, no `choices`.
+        assert_eq!(
+            spec_decode_json(&[c(2, 7, 3)]),
+            Some(json!({"num_drafts": 2, "num_draft_tokens": 7, "num_accepted_tokens": 3}))
+        );
+        // n = 3: 2+0+4 drafts, 7+0+9 tokens, 3+0+8 accepted; a sequence without counts (its
+        // final never came) is left out of `choices`.
+        assert_eq!(
+            spec_decode_json(&[c(2, 7, 3), c(0, 0, 0), c(4, 9, 8), None]),
+            Some(json!({
+                "num_drafts": 6, "num_draft_tokens": 16, "num_accepted_tokens": 11,
+                "choices": [
+                    {"index": 0, "num_drafts": 2, "num_draft_tokens": 7, "num_accepted_tokens": 3},
+                    {"index": 1, "num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0},
+                    {"index": 2, "num_drafts": 4, "num_draft_tokens": 9, "num_accepted_tokens": 8},
+                ],
+            }))
+        );
+    }
 }

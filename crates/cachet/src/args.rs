@@ -130,6 +130,7 @@ impl EngineArgs {
                 num_speculative_tokens: self.num_speculative_tokens,
                 prompt_lookup_min: self.spec_ngram_min.max(1),
                 prompt_lookup_max: self.spec_ngram_max.max(self.spec_ngram_min.max(1)),
+                ..Default::default()
             })
     }
 

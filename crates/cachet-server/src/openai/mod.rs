@@ -314,6 +314,7 @@ fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
         seq: 0,
         last: true,
         divergence_text: None,
+        spec_decode: Vec::new(),
     })
 }
 
