@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with};
 use cachet_engine::InsightConfig;
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, Criterion};
 
 /// The same workload with reporting off, on (miss reasons only), and on with every piece of
 /// cache insight (shadow set, block index, tenants, lifecycles): the cost of each, same run.
@@ -92,9 +92,94 @@ fn one(c: &mut Criterion, name: &str, telemetry: bool, insight: InsightConfig) {
     assert!(core.scheduler().num_running() + core.scheduler().num_waiting() == 1000);
 }
 
+/// One workload of the interleaved comparison.
+struct Runner {
+    core: cachet_engine::core_loop::EngineCore<cachet_engine::sim::SimExecutor>,
+    next: u64,
+    t: f64,
+}
+
+impl Runner {
+    fn new(telemetry: bool, insight: InsightConfig) -> Self {
+        Runner {
+            core: decode_workload_core_with(1000, telemetry, insight),
+            next: 1000,
+            t: 0.0,
+        }
+    }
+
+    /// `n` steps; their thread CPU time per step, in µs.
+    fn steps(&mut self, n: usize) -> f64 {
+        let mut total = Duration::ZERO;
+        for _ in 0..n {
+            self.t += 0.001;
+            let tt = self.t;
+            let start = thread_cpu();
+            let outs = self.core.step(|| tt).expect("step");
+            total += thread_cpu() - start;
+            let finished = outs.iter().filter(|o| o.finish.is_some()).count();
+            for _ in 0..finished {
+                add_decode_workload_request(&mut self.core, self.next).expect("fits");
+                self.next += 1;
+            }
+        }
+        total.as_secs_f64() * 1e6 / n as f64
+    }
+}
+
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+/// `CACHET_INTERLEAVED=ROUNDS`: `on` and `on_insight` in one process, in alternating blocks of
+/// 1,000 steps, each block's thread CPU time per step; prints each round's ratio and the
+/// median and range. The machine's drift (other processes, the CPU's clock) then falls on
+/// both alike, which two criterion runs one after the other cannot promise. Each block
+/// follows one of the other workload (so each starts with the caches the other left: the
+/// same for both).
+fn interleaved(rounds: usize) {
+    const BLOCK: usize = 1000;
+    let mut on = Runner::new(true, InsightConfig::off());
+    let mut full = Runner::new(true, ablated(InsightConfig::full()));
+    // Past the first generation of requests (64-191 tokens): the steady state.
+    on.steps(400);
+    full.steps(400);
+    let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
+    println!("round  on µs/step  on_insight µs/step  ratio");
+    for i in 0..rounds {
+        let x = on.steps(BLOCK);
+        let y = full.steps(BLOCK);
+        println!("{i:5}  {x:10.1}  {y:18.1}  {:.3}", y / x);
+        a.push(x);
+        b.push(y);
+        r.push(y / x);
+    }
+    let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = r.iter().copied().fold(0.0, f64::max);
+    println!(
+        "median  {:10.1}  {:18.1}  {:.3}  (ratio min {lo:.3}, max {hi:.3}, {rounds} rounds of {BLOCK} steps each)",
+        median(&a),
+        median(&b),
+        median(&r)
+    );
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(30);
     targets = step_1000_decodes
 }
-criterion_main!(benches);
+
+fn main() {
+    if let Some(rounds) = std::env::var("CACHET_INTERLEAVED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        interleaved(rounds);
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -33,7 +33,6 @@ struct Node {
     /// Parent block id; `NONE` for a root block (depth 0) or an orphan (its parent's entry is
     /// gone).
     parent: u32,
-    first_child: u32,
     next: u32,
     prev: u32,
     /// Id in [`Creators`] (`NONE` when not cached).
@@ -45,7 +44,6 @@ struct Node {
 const EMPTY: Node = Node {
     hash: 0,
     parent: NONE,
-    first_child: NONE,
     next: NONE,
     prev: NONE,
     creator: NONE,
@@ -111,6 +109,29 @@ impl Creators {
         (self.slots.len() - 1) as u32
     }
 
+    /// A new id for a live request's `label`: the request holds it, and so will each entry it
+    /// creates while it lives, counted by the request ([`Creators::finish_live`]) rather than
+    /// here, so creating an entry touches no line of this table. (The request's hold is a
+    /// bias no count of releases reaches: its entries may be evicted, and release their
+    /// holds, before the request has added them.)
+    pub(crate) fn acquire_live(&mut self, label: &Arc<str>) -> u32 {
+        let id = self.acquire(label);
+        self.slots[id as usize].1 = LIVE;
+        id
+    }
+
+    /// The live request holding `id` ended, having created `entries` entries that hold it.
+    pub(crate) fn finish_live(&mut self, id: u32, entries: u32) {
+        let Some(s) = self.slots.get_mut(id as usize) else {
+            return;
+        };
+        s.1 = s.1.wrapping_add(entries).wrapping_sub(LIVE);
+        if s.1 == 0 {
+            s.0 = None;
+            self.free.push(id);
+        }
+    }
+
     /// One more holder of `id`.
     pub(crate) fn hold(&mut self, id: u32) {
         if let Some(s) = self.slots.get_mut(id as usize) {
@@ -142,6 +163,9 @@ impl Creators {
         self.slots.iter().filter(|s| s.1 > 0).count()
     }
 }
+
+/// The count of an id held by a live request, before its entries' and events' holds.
+const LIVE: u32 = 1 << 31;
 
 /// `dst.copy_from_slice(src)` with stores that bypass the caches: a block's tokens are read
 /// only when it is a divergence candidate, so writing them should not push out what the step
@@ -198,6 +222,14 @@ pub(crate) struct Sibling {
 pub(crate) struct BlockIndex {
     b: usize,
     slots: Vec<Slot>,
+    /// Bit `i`: block `i` holds an entry (its slot's `CACHED`), dense so that creating an entry
+    /// need not read the slot first.
+    cached: Vec<u64>,
+    /// By block: the entry's hash (its slot's `hash`) and the head of its children's list,
+    /// dense, so that creating an entry under a parent reads none of the parent's slot (the
+    /// parent of a decode block was created 16 steps ago: its line is long gone).
+    hashes: Vec<u64>,
+    first_child: Vec<u32>,
     tokens: Vec<TokenId>,
     root_first: u32,
     pub(crate) creators: Creators,
@@ -208,6 +240,9 @@ impl BlockIndex {
         BlockIndex {
             b: block_size,
             slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
+            cached: vec![0; num_blocks.div_ceil(64)],
+            hashes: vec![0; num_blocks],
+            first_child: vec![NONE; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             root_first: NONE,
             creators: Creators::default(),
@@ -218,22 +253,47 @@ impl BlockIndex {
         self.slots.get(block as usize).map(|s| &s.n)
     }
 
-    /// Start loading what creating an entry in `block` under `parent` touches.
+    #[inline]
+    fn is_cached(&self, i: usize) -> bool {
+        self.cached
+            .get(i / 64)
+            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+    }
+
+    #[inline]
+    fn set_cached(&mut self, i: usize, on: bool) {
+        if let Some(w) = self.cached.get_mut(i / 64) {
+            if on {
+                *w |= 1u64 << (i % 64);
+            } else {
+                *w &= !(1u64 << (i % 64));
+            }
+        }
+    }
+
+    /// Start loading what creating an entry in `block` under `parent` touches: the entry's
+    /// line (written whole) and the parent's children's head.
     #[inline]
     pub(crate) fn prefetch_create(&self, block: BlockId, parent: Option<BlockId>) {
-        let i = block as usize;
-        if let Some(s) = self.slots.get(i) {
+        if let Some(s) = self.slots.get(block as usize) {
             super::prefetch(s);
         }
-        if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
+        if let Some(p) = parent.and_then(|p| self.first_child.get(p as usize)) {
             super::prefetch(p);
+        }
+    }
+
+    /// Start loading the line of `block`'s entry (before it is evicted).
+    #[inline]
+    pub(crate) fn prefetch_slot(&self, block: BlockId) {
+        if let Some(s) = self.slots.get(block as usize) {
+            super::prefetch(s);
         }
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
-        self.n(block)
-            .is_some_and(|m| m.cached() && m.hash == wire_hash(hash))
+        self.is_cached(block as usize) && self.hashes.get(block as usize) == Some(&wire_hash(hash))
     }
 
     /// The request that created the entry `block` holds.
@@ -247,7 +307,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first
         } else {
-            self.slots[parent as usize].n.first_child
+            self.first_child[parent as usize]
         }
     }
 
@@ -255,7 +315,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first = v;
         } else {
-            self.slots[parent as usize].n.first_child = v;
+            self.first_child[parent as usize] = v;
         }
     }
 
@@ -281,6 +341,12 @@ impl BlockIndex {
 
     fn link_front(&mut self, i: u32) {
         let parent = self.slots[i as usize].n.parent;
+        self.link_front_under(i, parent);
+    }
+
+    /// [`BlockIndex::link_front`] with the entry's parent given (not read back from a slot
+    /// just written).
+    fn link_front_under(&mut self, i: u32, parent: u32) {
         let head = self.head(parent);
         if head != NONE {
             self.slots[head as usize].n.prev = i;
@@ -295,6 +361,7 @@ impl BlockIndex {
     /// `block` became the entry `hash` at `depth`, under `parent` (`None` at depth 0, or when
     /// the parent's entry is not known: an orphan, in no sibling list), created by the holder of
     /// `creator` (an id of [`BlockIndex::creators`], held once more by the entry).
+    #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn created(
         &mut self,
@@ -307,26 +374,51 @@ impl BlockIndex {
         creator: u32,
         now: f64,
     ) {
+        self.create(
+            block, hash, depth, parent, tokens, root_key, creator, now, true,
+        );
+    }
+
+    /// [`BlockIndex::created`]; `hold`: the entry takes a hold of `creator` here (else its
+    /// live request counts it, [`Creators::acquire_live`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn create(
+        &mut self,
+        block: BlockId,
+        hash: BlockHash,
+        depth: u32,
+        parent: Option<BlockId>,
+        tokens: &[TokenId],
+        root_key: u64,
+        creator: u32,
+        now: f64,
+        hold: bool,
+    ) -> bool {
         let i = block as usize;
         if i >= self.slots.len() || tokens.len() != self.b {
-            return;
+            return false;
         }
-        if self.slots[i].n.cached() {
+        if self.is_cached(i) {
             if let Some(owner) = self.evicted(block) {
                 self.creators.release(owner);
             }
         }
         let parent = match parent {
-            Some(p) if self.n(p).is_some_and(|m| m.cached()) => p,
+            Some(p) if self.is_cached(p as usize) => p,
             Some(_) => NONE,
             None => NONE,
         };
         let orphan = depth > 0 && parent == NONE;
-        self.creators.hold(creator);
+        if hold {
+            self.creators.hold(creator);
+        }
+        self.set_cached(i, true);
+        let wire = wire_hash(&hash);
+        self.hashes[i] = wire;
+        self.first_child[i] = NONE;
         self.slots[i].n = Node {
-            hash: wire_hash(&hash),
+            hash: wire,
             parent,
-            first_child: NONE,
             next: NONE,
             prev: NONE,
             creator,
@@ -341,8 +433,9 @@ impl BlockIndex {
         };
         write_around_cache(&mut self.tokens[i * self.b..(i + 1) * self.b], tokens);
         if !orphan {
-            self.link_front(block);
+            self.link_front_under(block, parent);
         }
+        true
     }
 
     /// A lookup found `block`: it becomes the most recently used of its siblings.
@@ -369,11 +462,13 @@ impl BlockIndex {
     /// orphans.
     pub(crate) fn evicted(&mut self, block: BlockId) -> Option<u32> {
         let i = block as usize;
-        if !self.slots.get(i).is_some_and(|s| s.n.cached()) {
+        if !self.is_cached(i) {
             return None;
         }
+        self.set_cached(i, false);
         self.unlink(block);
-        let mut c = self.slots[i].n.first_child;
+        let mut c = self.first_child[i];
+        self.first_child[i] = NONE;
         while c != NONE {
             let m = &mut self.slots[c as usize].n;
             let next = m.next;
@@ -400,6 +495,8 @@ impl BlockIndex {
             self.slots[i].n = EMPTY;
             self.slots[i].c = COLD;
         }
+        self.cached.fill(0);
+        self.first_child.fill(NONE);
         self.root_first = NONE;
     }
 
@@ -415,7 +512,10 @@ impl BlockIndex {
         const MAX_SCAN: usize = 64;
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.n(p).filter(|m| m.cached())?.first_child,
+            Some(p) => {
+                self.n(p).filter(|m| m.cached())?;
+                self.first_child[p as usize]
+            }
         };
         let mut scanned = 0;
         while c != NONE && scanned < MAX_SCAN {
@@ -440,18 +540,20 @@ impl BlockIndex {
 
     /// The `n` hottest cached prefixes: blocks found by the most lookups, each the deepest
     /// block of its run (a block whose cached child was found as often is reported as the
-    /// child), ties broken by depth.
-    pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+    /// child), ties broken by depth. `gone` (sorted): blocks taken as not cached (evicted,
+    /// not yet applied).
+    pub(crate) fn hottest(&self, now: f64, n: usize, gone: &[BlockId]) -> Vec<HotPrefix> {
+        let is_gone = |b: u32| !gone.is_empty() && gone.binary_search(&b).is_ok();
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
         for (i, m) in self.slots.iter().map(|s| &s.n).enumerate() {
             let hits = self.slots[i].c.hits;
-            if !m.cached() || hits == 0 {
+            if !m.cached() || hits == 0 || is_gone(i as u32) {
                 continue;
             }
-            let mut c = m.first_child;
+            let mut c = self.first_child[i];
             let mut extended = false;
             while c != NONE {
-                if self.slots[c as usize].c.hits >= hits {
+                if self.slots[c as usize].c.hits >= hits && !is_gone(c) {
                     extended = true;
                     break;
                 }
@@ -484,7 +586,7 @@ impl BlockIndex {
         let mut v = Vec::new();
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.slots[p as usize].n.first_child,
+            Some(p) => self.first_child[p as usize],
         };
         while c != NONE {
             v.push(c);
@@ -550,7 +652,7 @@ mod tests {
         }
         ix.hit(2, 6.0);
         // Block 0 was found 3 times, more than either child: reported; 1 (2 hits) and 2 (1).
-        let hot = ix.hottest(10.0, 5);
+        let hot = ix.hottest(10.0, 5, &[]);
         let rows: Vec<_> = hot.iter().map(|p| (p.depth, p.tokens, p.hits)).collect();
         assert_eq!(rows, vec![(0, 4, 3), (1, 8, 2), (1, 8, 1)]);
         assert_eq!(hot[0].age_s, 10.0);
@@ -558,7 +660,7 @@ mod tests {
         // Once the child is found as often, the parent is covered by it.
         ix.hit(1, 7.0);
         let rows: Vec<_> = ix
-            .hottest(10.0, 5)
+            .hottest(10.0, 5, &[])
             .iter()
             .map(|p| (p.depth, p.hits))
             .collect();
@@ -592,5 +694,40 @@ mod tests {
         ix.creators.release(c);
         ix.reset();
         assert_eq!(ix.creators.live(), 0);
+    }
+
+    /// A live request's entries are counted by the request: its entries may be evicted (and
+    /// release their holds) while it lives, and its label lives until it ended and the last
+    /// of them went.
+    #[test]
+    fn a_live_creator_counts_its_entries_itself() {
+        let mut ix = BlockIndex::new(4, 2);
+        let a = ix.creators.acquire_live(&"a".into());
+        assert!(ix.create(0, h(0), 0, None, &[1, 2], 0, a, 0.0, false));
+        assert!(ix.create(1, h(1), 1, Some(0), &[3, 4], 0, a, 0.0, false));
+        assert!(ix.create(2, h(2), 1, Some(0), &[3, 5], 0, a, 0.0, false));
+        // Two of its three entries are evicted while it lives: the label stays.
+        for blk in [1, 0] {
+            let owner = ix.evicted(blk).unwrap();
+            ix.creators.release(owner);
+        }
+        assert_eq!(ix.creator(2).as_deref(), Some("a"));
+        // It ends having created 3: the entry left holds the label, until it goes too.
+        ix.creators.finish_live(a, 3);
+        assert_eq!(
+            (ix.creators.live(), ix.creator(2).as_deref()),
+            (1, Some("a"))
+        );
+        let owner = ix.evicted(2).unwrap();
+        ix.creators.release(owner);
+        assert_eq!(ix.creators.live(), 0);
+        // A request that ends with no entry left frees its id at once (and it is reused).
+        let b = ix.creators.acquire_live(&"b".into());
+        assert_eq!(b, a);
+        ix.creators.finish_live(b, 0);
+        assert_eq!(ix.creators.live(), 0);
+        // A block out of range, or tokens of the wrong length, make no entry.
+        assert!(!ix.create(9, h(3), 0, None, &[1, 2], 0, b, 0.0, false));
+        assert!(!ix.create(3, h(3), 0, None, &[1], 0, b, 0.0, false));
     }
 }

@@ -121,7 +121,7 @@ pub(crate) struct RequestInsight {
 }
 
 /// What a live request's block boundaries touch of its insight, one cache line by slot: the
-/// lifecycle's buffers, its root key and its creator id. Kept apart from the request's
+/// lifecycle's buffers, its root key, its creator id and its entries' count. Kept apart from the request's
 /// record (hundreds of bytes, a line the step otherwise does not read) so that a thousand of
 /// them stay in the core's L2.
 #[derive(Debug)]
@@ -134,7 +134,10 @@ pub(crate) struct Hot {
     root_key: u64,
     /// The request's id in the block index's creators (`NONE` until it creates an entry).
     creator: u32,
-    /// Events not kept (over [`MAX_BLOCK_EVENTS`]).
+    /// Entries it created, each holding `creator` (counted here while it lives).
+    entries: u32,
+    /// Events not kept (over [`MAX_BLOCK_EVENTS`]): past the first line, which holds what
+    /// every block boundary touches.
     dropped: u32,
 }
 
@@ -146,6 +149,7 @@ impl Default for Hot {
             root_key: 0,
             creator: NONE,
             dropped: 0,
+            entries: 0,
         }
     }
 }
@@ -241,6 +245,20 @@ pub(crate) struct Insight {
     /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
     /// are kept).
     hot: Vec<Hot>,
+    /// Evictions not yet applied to the block index, in order ([`Insight::flush`]).
+    pending: Vec<PendingEviction>,
+}
+
+/// An eviction the block index has not seen yet: the step's allocations each evict a block
+/// whose entry was created long ago (its line is cold), so they are applied together, their
+/// lines prefetched ahead, before anything reads the index.
+#[derive(Clone, Copy, Debug)]
+struct PendingEviction {
+    block: BlockId,
+    /// The request it was evicted for, and its `evicted` event's place in the request's
+    /// lifecycle (`NONE`: not recorded), whose owner is filled in when applied.
+    slot: u32,
+    event: u32,
 }
 
 impl Insight {
@@ -260,7 +278,51 @@ impl Insight {
             recent: VecDeque::new(),
             spare: Vec::new(),
             hot: Vec::new(),
+            pending: Vec::new(),
         }
+    }
+
+    /// Apply the pending evictions to the block index, in order: each entry's creator passes
+    /// to the `evicted` event recorded for it (and its lifecycle's owners), or is released.
+    /// Called before anything reads or changes the index, so nothing sees it late.
+    #[inline]
+    fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            self.flush_pending();
+        }
+    }
+
+    #[inline(never)]
+    fn flush_pending(&mut self) {
+        const AHEAD: usize = 8;
+        let Some(ix) = self.index.as_mut() else {
+            self.pending.clear();
+            return;
+        };
+        for p in self.pending.iter().take(AHEAD) {
+            ix.prefetch_slot(p.block);
+        }
+        for k in 0..self.pending.len() {
+            if let Some(q) = self.pending.get(k + AHEAD) {
+                ix.prefetch_slot(q.block);
+            }
+            let p = self.pending[k];
+            let owner = ix.evicted(p.block);
+            let hot = (p.event != NONE)
+                .then(|| self.hot.get_mut(p.slot as usize))
+                .flatten();
+            match (hot, owner) {
+                (Some(h), Some(o)) => {
+                    if let Some(e) = h.life.as_mut().and_then(|l| l.get_mut(p.event as usize)) {
+                        e.owner = o;
+                    }
+                    h.owners.push(o);
+                }
+                (None, Some(o)) => ix.creators.release(o),
+                (_, None) => {}
+            }
+        }
+        self.pending.clear();
     }
 
     /// Whether requests have a [`Hot`] state (lifecycles or the block index are kept).
@@ -298,6 +360,7 @@ impl Insight {
         adapter: Option<&str>,
         blocks: usize,
     ) -> RequestInsight {
+        self.flush();
         if self.keeps_hot() {
             let (life, owners) = if self.cfg.request_history > 0 {
                 let (mut v, o) = self.spare.pop().unwrap_or_default();
@@ -336,6 +399,7 @@ impl Insight {
         child_slot: u32,
         tenant: Option<usize>,
     ) -> RequestInsight {
+        self.flush();
         if self.keeps_hot() {
             let (root_key, keeps) = self
                 .hot
@@ -362,7 +426,7 @@ impl Insight {
     fn drop_hot(&mut self, old: Hot) {
         if old.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
-                ix.creators.release(old.creator);
+                ix.creators.finish_live(old.creator, old.entries);
             }
         }
         release_owners(
@@ -408,6 +472,7 @@ impl Insight {
         pending_tokens: usize,
     ) -> LookupInsight {
         self.ensure(pool);
+        self.flush();
         let b = self.block_size;
         let local = local_tokens / b;
         let pending = pending_tokens / b;
@@ -498,6 +563,7 @@ impl Insight {
         first: bool,
         now: f64,
     ) {
+        self.flush();
         if first {
             if let Some(ix) = self.index.as_mut() {
                 for &blk in blocks.iter().take(hits) {
@@ -547,8 +613,7 @@ impl Insight {
         };
         let mut p = 0;
         for e in &kv.evicted {
-            let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
-            let mut kept = false;
+            let mut event = NONE;
             if let Some(ri) = ri.as_deref_mut() {
                 if ri.life.is_some() {
                     let at = if in_order {
@@ -560,21 +625,25 @@ impl Insight {
                         new.iter().position(|&x| x == e.block)
                     };
                     let index = at.map(|p| (first_new + p) as u32);
-                    let mut ev = Ev::new(
+                    // Its owner is filled in when the eviction reaches the index.
+                    let ev = Ev::new(
                         BlockEventKind::Evicted,
                         index,
                         Some(e.block),
                         Some(wire_hash(&e.hash)),
                     );
-                    ev.owner = owner.unwrap_or(NONE);
-                    kept = ri.push(ev);
-                    if let (true, Some(o)) = (kept, owner) {
-                        ri.owners.push(o);
+                    let at = ri.life.as_ref().map_or(0, Vec::len) as u32;
+                    if ri.push(ev) {
+                        event = at;
                     }
                 }
             }
-            if let (false, Some(o), Some(ix)) = (kept, owner, self.index.as_mut()) {
-                ix.creators.release(o);
+            if self.index.is_some() {
+                self.pending.push(PendingEviction {
+                    block: e.block,
+                    slot: slot.unwrap_or(NONE),
+                    event,
+                });
             }
         }
         if let Some(sh) = self.shadow.as_mut() {
@@ -621,6 +690,7 @@ impl Insight {
         blocks: &[BlockId],
         now: f64,
     ) {
+        self.flush();
         let b = self.block_size;
         let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
         if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
@@ -637,7 +707,7 @@ impl Insight {
             let (creator, temporary) = match ri.as_deref_mut() {
                 Some(r) => {
                     if r.creator == NONE {
-                        r.creator = ix.creators.acquire(label);
+                        r.creator = ix.creators.acquire_live(label);
                     }
                     (r.creator, false)
                 }
@@ -660,7 +730,12 @@ impl Insight {
                         (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
                         _ => BlockId::MAX,
                     });
-                ix.created(blk, h, i as u32, parent, toks, root_key, creator, now);
+                let made = ix.create(
+                    blk, h, i as u32, parent, toks, root_key, creator, now, temporary,
+                );
+                if let (true, Some(r)) = (made && !temporary, ri.as_deref_mut()) {
+                    r.entries += 1;
+                }
             }
             if temporary {
                 ix.creators.release(creator);
@@ -702,6 +777,7 @@ impl Insight {
     }
 
     pub(crate) fn reset(&mut self) {
+        self.flush();
         if let Some(ix) = self.index.as_mut() {
             ix.reset();
         }
@@ -724,6 +800,7 @@ impl Insight {
         stats: Option<PrefillStats>,
         primary: bool,
     ) {
+        self.flush();
         let tenant = self.tenant_name(ri.tenant);
         if primary {
             if self.recent.len() == RECENT_REQUESTS {
@@ -748,7 +825,7 @@ impl Insight {
             .unwrap_or_default();
         if hot.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
-                ix.creators.release(hot.creator);
+                ix.creators.finish_live(hot.creator, hot.entries);
             }
         }
         let Some(mut events) = hot.life else { return };
@@ -837,8 +914,11 @@ impl Insight {
     }
 
     pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+        // Blocks whose eviction has not reached the index yet are not cached.
+        let mut gone: Vec<BlockId> = self.pending.iter().map(|p| p.block).collect();
+        gone.sort_unstable();
         self.index
             .as_ref()
-            .map_or_else(Vec::new, |ix| ix.hottest(now, n))
+            .map_or_else(Vec::new, |ix| ix.hottest(now, n, &gone))
     }
 }
