@@ -1,7 +1,8 @@
 //! AVX2 paged attention: the structure of the AVX-512 kernel (`super::avx512::attn_512`) on
 //! 8-lane vectors. A pass takes a tile of `nq` query tokens × the heads of `ng` consecutive
-//! kv groups (at most 64 rows): per chunk of positions, f16 K/V rows are converted once into
-//! an f32 scratch shared by every row of the tile; scores for 8 positions at a time with a
+//! kv groups (at most 64 rows): per chunk of positions and kv group, f16 K/V rows are
+//! converted once into an f32 scratch (16 KB for head_dim 64, in L1) shared by every row of
+//! the tile in that group; scores for 8 positions at a time with a
 //! transposed reduction; one online-softmax rescale per chunk and row; then P·V with the
 //! row's accumulators in registers. Rows past their causal end skip the chunk's tail.
 
@@ -78,11 +79,13 @@ pub(crate) unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
     // Row r: token r / (gs·ng), head (r % (gs·ng)) of the pass, in group (r % (gs·ng)) / gs.
     let per_tok = gs * ng;
     let rows = (c.nq * per_tok).min(64);
-    // Vectors per position in the f32 copies (all groups of the pass).
-    let pv = ng * HV;
+    // Vectors per position in the f32 copies (one group at a time: a decode token's chunk of
+    // all groups would be 48 KB of scratch, more than L1; one group's is 16 KB).
+    let pv = HV;
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
     let mut kp = [0usize; CHUNK];
+    let mut kpn = [0usize; CHUNK];
     let mut s = [0f32; CHUNK];
     let buf_rows = if c.is_f16 { CHUNK.min(c.ctx - c.p0) } else { 0 };
     let mut scratch = ATTN_SCRATCH.take();
@@ -100,110 +103,124 @@ pub(crate) unsafe fn attn_avx2<const HV: usize>(c: &AttnCtx) {
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
         c.offsets(c0, &mut kp[..n]);
-        c.prefetch(c0 + n, CHUNK, pv * 8 * if c.is_f16 { 2 } else { 4 });
-        for j in 0..CHUNK {
-            let jj = if j < n { j } else { 0 };
-            if c.is_f16 {
-                if j < n {
-                    let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
-                    for i in 0..pv {
-                        kbuf[j * pv + i] = ld256(kr.add(16 * i), true);
-                        vbuf[j * pv + i] = ld256(vr.add(16 * i), true);
+        // The next chunk's K/V, prefetched position by position as this chunk is converted
+        // (as `attn_512`'s decode rows do; a burst of prefetches stalls on the miss buffers).
+        let n2 = (c.ctx - c0 - n).min(CHUNK);
+        c.offsets(c0 + n, &mut kpn[..n2]);
+        let esz = if c.is_f16 { 2 } else { 4 };
+        for gg in 0..ng {
+            for j in 0..CHUNK {
+                if j < n2 {
+                    let o = kpn[j] + gg * hd * esz;
+                    super::prefetch_lines(c.kb.wrapping_add(o), HV * 8 * esz);
+                    super::prefetch_lines(c.vb.wrapping_add(o), HV * 8 * esz);
+                }
+                let jj = if j < n { j } else { 0 };
+                if c.is_f16 {
+                    if j < n {
+                        let off = kp[j] + gg * c.hd * 2;
+                        let (kr, vr) = (c.kb.add(off), c.vb.add(off));
+                        for i in 0..pv {
+                            kbuf[j * pv + i] = ld256(kr.add(16 * i), true);
+                            vbuf[j * pv + i] = ld256(vr.add(16 * i), true);
+                        }
                     }
+                    krow[j] = kbuf.as_ptr().add(jj * pv) as *const f32;
+                    vrow[j] = vbuf.as_ptr().add(jj * pv) as *const f32;
+                } else {
+                    krow[j] = (c.kb.add(kp[jj]) as *const f32).add(gg * hd);
+                    vrow[j] = (c.vb.add(kp[jj]) as *const f32).add(gg * hd);
                 }
-                krow[j] = kbuf.as_ptr().add(jj * pv) as *const f32;
-                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const f32;
-            } else {
-                krow[j] = c.kb.add(kp[jj]) as *const f32;
-                vrow[j] = c.vb.add(kp[jj]) as *const f32;
             }
-        }
-        for r in 0..rows {
-            let (ti, h) = (r / per_tok, r % per_tok);
-            // This row's group within the position rows: `go` floats in.
-            let go = (h / gs) * hd;
-            // causal end of this row within the chunk
-            let end = (c.ctx0 + ti).min(c.ctx);
-            if end <= c0 {
-                continue;
-            }
-            let nr = (end - c0).min(n);
-            let qh = c.qp.add(ti * c.qstride + h * hd);
-            let mut qv = [_mm256_setzero_ps(); HV];
-            for (i, qv) in qv.iter_mut().enumerate() {
-                *qv = _mm256_mul_ps(_mm256_loadu_ps(qh.add(8 * i)), _mm256_set1_ps(c.scale));
-            }
-            let mut cmax = _mm256_set1_ps(f32::NEG_INFINITY);
-            let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
-            let mut j = 0;
-            while j < nr {
-                let cnt = (nr - j).min(8);
-                let mut dv = [_mm256_setzero_ps(); 8];
-                for (jj, dv) in dv.iter_mut().enumerate() {
-                    let kr = krow[(j + jj).min(CHUNK - 1)].add(go);
-                    let mut d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
-                    for (i, qv) in qv.iter().enumerate().skip(1) {
-                        d = _mm256_fmadd_ps(*qv, _mm256_loadu_ps(kr.add(8 * i)), d);
+            for rr in 0..c.nq * gs {
+                let (ti, h) = (rr / gs, gg * gs + rr % gs);
+                let r = ti * per_tok + h;
+                if r >= rows {
+                    continue;
+                }
+                // causal end of this row within the chunk
+                let end = (c.ctx0 + ti).min(c.ctx);
+                if end <= c0 {
+                    continue;
+                }
+                let nr = (end - c0).min(n);
+                let qh = c.qp.add(ti * c.qstride + h * hd);
+                let mut qv = [_mm256_setzero_ps(); HV];
+                for (i, qv) in qv.iter_mut().enumerate() {
+                    *qv = _mm256_mul_ps(_mm256_loadu_ps(qh.add(8 * i)), _mm256_set1_ps(c.scale));
+                }
+                let mut cmax = _mm256_set1_ps(f32::NEG_INFINITY);
+                let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
+                let mut j = 0;
+                while j < nr {
+                    let cnt = (nr - j).min(8);
+                    let mut dv = [_mm256_setzero_ps(); 8];
+                    for (jj, dv) in dv.iter_mut().enumerate() {
+                        let kr = krow[(j + jj).min(CHUNK - 1)];
+                        let mut d = _mm256_mul_ps(qv[0], _mm256_loadu_ps(kr));
+                        for (i, qv) in qv.iter().enumerate().skip(1) {
+                            d = _mm256_fmadd_ps(*qv, _mm256_loadu_ps(kr.add(8 * i)), d);
+                        }
+                        *dv = d;
                     }
-                    *dv = d;
+                    let rv = _mm256_blendv_ps(ninf, reduce8(&dv), lanes_below(cnt));
+                    cmax = _mm256_max_ps(cmax, rv);
+                    _mm256_storeu_ps(s.as_mut_ptr().add(j), rv);
+                    j += 8;
                 }
-                let rv = _mm256_blendv_ps(ninf, reduce8(&dv), lanes_below(cnt));
-                cmax = _mm256_max_ps(cmax, rv);
-                _mm256_storeu_ps(s.as_mut_ptr().add(j), rv);
-                j += 8;
-            }
-            // online softmax over the chunk
-            let new_m = mx[r].max(hmax256(cmax));
-            let alpha = if mx[r] == f32::NEG_INFINITY {
-                0.0
-            } else {
-                (mx[r] - new_m).exp()
-            };
-            mx[r] = new_m;
-            let nm = _mm256_set1_ps(new_m);
-            let mut sum = _mm256_setzero_ps();
-            let mut j = 0;
-            while j < nr {
-                let valid = lanes_below((nr - j).min(8));
-                let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(j)), nm));
-                let e = _mm256_and_ps(e, valid);
-                sum = _mm256_add_ps(sum, e);
-                _mm256_storeu_ps(s.as_mut_ptr().add(j), e);
-                j += 8;
-            }
-            lsum[r] = lsum[r] * alpha + hsum256(sum);
-            // P·V; with fewer than 8 vectors per row, two accumulator sets (even/odd
-            // positions) hide the FMA latency.
-            let al = _mm256_set1_ps(alpha);
-            let mut a0 = [_mm256_setzero_ps(); HV];
-            for (i, a0) in a0.iter_mut().enumerate() {
-                *a0 = _mm256_mul_ps(acc[r * HV + i], al);
-            }
-            let mut j = 0;
-            if HV < 8 {
-                let mut a1 = [_mm256_setzero_ps(); HV];
-                while j + 2 <= nr {
-                    let (p0, p1) = (_mm256_set1_ps(s[j]), _mm256_set1_ps(s[j + 1]));
-                    let (v0, v1) = (vrow[j].add(go), vrow[j + 1].add(go));
-                    for i in 0..HV {
-                        a0[i] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), a0[i]);
-                        a1[i] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1.add(8 * i)), a1[i]);
-                    }
-                    j += 2;
+                // online softmax over the chunk
+                let new_m = mx[r].max(hmax256(cmax));
+                let alpha = if mx[r] == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    (mx[r] - new_m).exp()
+                };
+                mx[r] = new_m;
+                let nm = _mm256_set1_ps(new_m);
+                let mut sum = _mm256_setzero_ps();
+                let mut j = 0;
+                while j < nr {
+                    let valid = lanes_below((nr - j).min(8));
+                    let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(j)), nm));
+                    let e = _mm256_and_ps(e, valid);
+                    sum = _mm256_add_ps(sum, e);
+                    _mm256_storeu_ps(s.as_mut_ptr().add(j), e);
+                    j += 8;
                 }
-                for i in 0..HV {
-                    a0[i] = _mm256_add_ps(a0[i], a1[i]);
-                }
-            }
-            while j < nr {
-                let p0 = _mm256_set1_ps(s[j]);
-                let v0 = vrow[j].add(go);
+                lsum[r] = lsum[r] * alpha + hsum256(sum);
+                // P·V; with fewer than 8 vectors per row, two accumulator sets (even/odd
+                // positions) hide the FMA latency.
+                let al = _mm256_set1_ps(alpha);
+                let mut a0 = [_mm256_setzero_ps(); HV];
                 for (i, a0) in a0.iter_mut().enumerate() {
-                    *a0 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), *a0);
+                    *a0 = _mm256_mul_ps(acc[r * HV + i], al);
                 }
-                j += 1;
+                let mut j = 0;
+                if HV < 8 {
+                    let mut a1 = [_mm256_setzero_ps(); HV];
+                    while j + 2 <= nr {
+                        let (p0, p1) = (_mm256_set1_ps(s[j]), _mm256_set1_ps(s[j + 1]));
+                        let (v0, v1) = (vrow[j], vrow[j + 1]);
+                        for i in 0..HV {
+                            a0[i] = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), a0[i]);
+                            a1[i] = _mm256_fmadd_ps(p1, _mm256_loadu_ps(v1.add(8 * i)), a1[i]);
+                        }
+                        j += 2;
+                    }
+                    for i in 0..HV {
+                        a0[i] = _mm256_add_ps(a0[i], a1[i]);
+                    }
+                }
+                while j < nr {
+                    let p0 = _mm256_set1_ps(s[j]);
+                    let v0 = vrow[j];
+                    for (i, a0) in a0.iter_mut().enumerate() {
+                        *a0 = _mm256_fmadd_ps(p0, _mm256_loadu_ps(v0.add(8 * i)), *a0);
+                    }
+                    j += 1;
+                }
+                acc[r * HV..(r + 1) * HV].copy_from_slice(&a0);
             }
-            acc[r * HV..(r + 1) * HV].copy_from_slice(&a0);
         }
         c0 += n;
     }

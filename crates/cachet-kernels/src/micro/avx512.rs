@@ -529,6 +529,8 @@ unsafe fn attn_512_rows<const HV: usize, const CV: bool, const SCR: bool>(c: &At
 /// [`attn_512_rows`] (the same products, the same [`reduce16`] tree four positions at a time,
 /// the same softmax and even/odd P·V sums), so a token gets the same bits here as in a
 /// prefill tile.
+// Indices address several arrays at once (rows × positions × vectors).
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &AttnCtx) {
     let hd = c.hd;
@@ -539,6 +541,7 @@ unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &At
     let mut lsum = [0f32; 64];
     let mut kp = [0usize; CHUNK];
     let mut s = [[0f32; CHUNK]; R];
+    let mut kpn = [usize::MAX; CHUNK];
     let mut scratch = ATTN_SCRATCH.take();
     if scratch.len() < rows * HV {
         scratch.resize(rows * HV, _mm512_setzero_ps());
@@ -556,8 +559,12 @@ unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &At
         // The next chunk into L1, the one after into L2 (L1 holds two chunks of a decode
         // token's K/V at most; measured `examples/perf` ATTN_BATCH=16x144: ~4 % less CPU time
         // than the next chunk alone).
-        c.prefetch(c0 + n, CHUNK, ng * HV * 16 * es);
-        c.prefetch_to::<_MM_HINT_T1>(c0 + n + CHUNK, CHUNK, ng * HV * 16 * es);
+        // The next chunk's K/V, prefetched position by position as this chunk's scores are
+        // computed (below), not in one burst: a burst of 384 prefetches stalls the core on
+        // the miss buffers (`examples/perf` ATTN_BATCH=16x144, one thread: 5.6 -> 4.4 ms).
+        let n2 = (c.ctx - c0 - n).min(CHUNK);
+        c.offsets(c0 + n, &mut kpn[..n2]);
+        kpn[n2..].fill(usize::MAX);
         for j in 0..CHUNK {
             let jj = if j < n { j } else { 0 };
             krow[j] = c.kb.add(kp[jj]);
@@ -583,7 +590,13 @@ unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &At
                 for quad in 0..4 {
                     let mut d = [[_mm512_setzero_ps(); 4]; R];
                     for jj in 0..4 {
-                        let kr = krow[(j + 4 * quad + jj).min(CHUNK - 1)].add(go);
+                        let pj = j + 4 * quad + jj;
+                        if pj < CHUNK && kpn[pj] != usize::MAX {
+                            let o = kpn[pj] + go;
+                            super::prefetch_lines(c.kb.wrapping_add(o), HV * 16 * es);
+                            super::prefetch_lines(c.vb.wrapping_add(o), HV * 16 * es);
+                        }
+                        let kr = krow[pj.min(CHUNK - 1)].add(go);
                         let mut kv = [_mm512_setzero_ps(); HV];
                         for (i, kv) in kv.iter_mut().enumerate() {
                             *kv = ldv::<CV>(kr.add(16 * i * es));
