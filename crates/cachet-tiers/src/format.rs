@@ -208,7 +208,17 @@ pub fn decode_value(
     value: Bytes,
     secret: Option<&Secret>,
 ) -> Result<Bytes, LoadError> {
-    let v = &value[..];
+    check_value(ns, hash, &value, secret).map(|r| value.slice(r))
+}
+
+/// [`decode_value`]'s checks on borrowed bytes: where the payload lies in `v` when every check
+/// passes.
+pub fn check_value(
+    ns: &TierNamespace,
+    hash: &BlockHash,
+    v: &[u8],
+    secret: Option<&Secret>,
+) -> Result<std::ops::Range<usize>, LoadError> {
     if v.len() >= MAGIC.len() && &v[..MAGIC.len()] != MAGIC {
         return Err(LoadError::Corrupt(CorruptKind::BadMagic));
     }
@@ -266,7 +276,7 @@ pub fn decode_value(
     if v[44..76] != hash.0 {
         return Err(LoadError::Corrupt(CorruptKind::WrongBlock));
     }
-    Ok(value.slice(payload_start..payload_end))
+    Ok(payload_start..payload_end)
 }
 
 #[cfg(test)]

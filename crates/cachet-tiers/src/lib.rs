@@ -39,6 +39,7 @@ pub mod stats;
 
 mod client;
 mod health;
+mod raw_mget;
 mod redis_conn;
 
 pub use buffers::{BufferPool, BufferStats};

@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use super::save_queue::{self, SaveItem};
 use super::{finish_load, lock, Shared, TierKind};
 use crate::config::RedisConfig;
-use crate::format::{decode_value, LoadError};
+use crate::format::{check_value, decode_value, LoadError};
 use crate::health::Health;
+use crate::raw_mget::{RawConn, RawTarget};
 use crate::redis_conn::{self, is_outage, Conn};
 use crate::{Payload, TierError};
 
@@ -43,7 +44,14 @@ pub(super) struct RedisShared {
     /// them is skipped (the engine saves every new cache entry, loaded ones included, and
     /// re-sending 368 KB that Redis already holds is pure waste).
     present: Mutex<lru::LruCache<BlockHash, Instant>>,
+    /// A plain `redis://` server: loads read their `MGET` reply themselves ([`crate::raw_mget`]).
+    raw: Option<RawTarget>,
+    /// Idle load connections of [`RedisShared::raw`] (one per load in flight at most).
+    raw_pool: Mutex<Vec<RawConn>>,
 }
+
+/// Idle raw load connections kept.
+const RAW_POOL: usize = 4;
 
 /// How many recently present blocks [`RedisShared::present`] remembers (about 3 MB).
 const PRESENT_CAPACITY: usize = 1 << 16;
@@ -198,7 +206,10 @@ pub(super) async fn redis_load(
     let shared = rs.shared.clone();
     let t0 = Instant::now();
     let keys: Vec<Vec<u8>> = rest.iter().map(|i| rs.key(&hashes[*i])).collect();
-    let got = rs.call(|mut c| async move { c.mget(&keys).await }).await;
+    let got = match &rs.raw {
+        Some(t) => raw_mget(&rs, t, &keys, &hashes, &rest).await,
+        None => crate_mget(&rs, keys, &hashes, &rest).await,
+    };
     let values = match got {
         Ok(v) => v,
         Err(e) => {
@@ -208,7 +219,6 @@ pub(super) async fn redis_load(
             return;
         }
     };
-    let secret = rs.cfg.secret.as_ref();
     let (mut n, mut bytes) = (0u64, 0u64);
     let mut loaded = Vec::new();
     for (i, v) in rest.into_iter().zip(values) {
@@ -217,7 +227,7 @@ pub(super) async fn redis_load(
                 lock(&rs.present).pop(&hashes[i]);
                 Err(LoadError::Missing)
             }
-            Some(v) => decode_value(&shared.ns, &hashes[i], Bytes::from(v), secret),
+            Some(r) => r,
         };
         let r = match r {
             Ok(p) => {
@@ -243,8 +253,82 @@ pub(super) async fn redis_load(
     s.blocks_loaded.fetch_add(n, Relaxed);
     s.bytes_loaded.fetch_add(bytes, Relaxed);
     s.load_call(t0.elapsed(), bytes);
+    tracing::debug!(
+        ticket,
+        blocks = n,
+        load_ms = t0.elapsed().as_secs_f64() * 1e3,
+        raw = rs.raw.is_some(),
+        "Redis load done"
+    );
     rs.mark_present(loaded);
     finish_load(&shared, ticket, results, LoadError::Missing);
+}
+
+/// Per requested key: `None` when absent, else the checked payload or why it was refused.
+type Checked = Vec<Option<Result<Payload, LoadError>>>;
+
+/// The `redis` crate's `MGET` (a cluster, TLS), each value checked once all are in.
+async fn crate_mget(
+    rs: &RedisShared,
+    keys: Vec<Vec<u8>>,
+    hashes: &[BlockHash],
+    rest: &[usize],
+) -> Result<Checked, CallError> {
+    let values = rs.call(|mut c| async move { c.mget(&keys).await }).await?;
+    let secret = rs.cfg.secret.as_ref();
+    Ok(rest
+        .iter()
+        .zip(values)
+        .map(|(&i, v)| v.map(|v| decode_value(&rs.shared.ns, &hashes[i], Bytes::from(v), secret)))
+        .collect())
+}
+
+/// The raw `MGET` ([`crate::raw_mget`]): every value checked as soon as its bytes are in,
+/// payloads sliced out of the one reply buffer. Bounded by the timeout like every call; a
+/// connection is reused only after a complete reply.
+async fn raw_mget(
+    rs: &RedisShared,
+    target: &RawTarget,
+    keys: &[Vec<u8>],
+    hashes: &[BlockHash],
+    rest: &[usize],
+) -> Result<Checked, CallError> {
+    if !rs.health.is_up() {
+        return Err(CallError::Down);
+    }
+    let idle = lock(&rs.raw_pool).pop();
+    let secret = rs.cfg.secret.as_ref();
+    let ns = &rs.shared.ns;
+    let timeout = rs.cfg.timeout;
+    let call = async {
+        let mut c = match idle {
+            Some(c) => c,
+            None => RawConn::connect(target, timeout).await?,
+        };
+        let got = c
+            .mget(keys, |j, v| check_value(ns, &hashes[rest[j]], v, secret))
+            .await?;
+        Ok::<_, redis::RedisError>((c, got))
+    };
+    let (conn, (reply, elements)) = match tokio::time::timeout(timeout, call).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => return Err(CallError::Redis(e)),
+        Err(_) => return Err(CallError::Timeout),
+    };
+    {
+        let mut pool = lock(&rs.raw_pool);
+        if pool.len() < RAW_POOL {
+            pool.push(conn);
+        }
+    }
+    Ok(elements
+        .into_iter()
+        .map(|el| {
+            el.map(|(at, checked)| {
+                checked.map(|p| reply.slice(at.start + p.start..at.start + p.end))
+            })
+        })
+        .collect())
 }
 
 fn refusal_kind(e: &LoadError) -> &'static str {
@@ -265,7 +349,13 @@ pub(super) fn open_redis(cfg: RedisConfig, shared: Arc<Shared>) -> Result<RedisS
         .map_err(TierError::Runtime)?;
     let handle = rt.handle().clone();
     let (save_tx, save_rx) = mpsc::channel(cfg.save_queue);
+    let raw = match &cfg.target {
+        crate::config::RedisTarget::Single(url) => RawTarget::from_url(url),
+        crate::config::RedisTarget::Cluster(_) => None,
+    };
     let r = Arc::new(RedisShared {
+        raw,
+        raw_pool: Mutex::new(Vec::new()),
         health: Health::new(cfg.target.display()),
         conn: RwLock::new(None),
         cfg,
