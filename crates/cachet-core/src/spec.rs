@@ -21,12 +21,18 @@
 //!   `n > 1` before its fork.
 //!
 //! Rejected drafts cost verification work (at batch 1 each draft token is one more row through
-//! every layer and the lm_head), so with [`SpecConfig::miss_backoff`] a request whose drafts
-//! keep being rejected drafts less often: after `m >= 2` consecutive drafts with nothing
-//! accepted it passes over its next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]), and its
-//! first accepted token ends the streak. The decision reads only the request's own past
-//! acceptances (never telemetry), so it is deterministic; drafts never change what is
-//! sampled, so greedy output stays identical to plain decoding whatever is drafted.
+//! every layer and the lm_head, and one more attention pass over the whole context), so with
+//! [`SpecConfig::adaptive`] a request whose drafts are rejected drafts less:
+//! * **shorter drafts**: after a draft of which `a` tokens were accepted and one rejected, the
+//!   request's next drafts carry at most `a + 1` tokens; each fully accepted draft raises that
+//!   limit by one again (up to `K`);
+//! * **fewer drafts**: after `m >= 2` consecutive drafts with nothing accepted it passes over its
+//!   next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]); its first accepted token ends the
+//!   streak.
+//!
+//! Both read only the request's own past acceptances (never telemetry), so they are
+//! deterministic; drafts never change what is sampled, so greedy output stays identical to
+//! plain decoding whatever is drafted.
 //!
 //! This module is a child of the scheduler (it reads the scheduler's request state) and is
 //! re-exported as `crate::spec`.
@@ -47,7 +53,7 @@ pub struct SpecConfig {
     /// Longest n-gram matched (tried first).
     pub prompt_lookup_max: usize,
     /// Draft less for a request whose drafts keep being rejected (see the module docs).
-    pub miss_backoff: bool,
+    pub adaptive: bool,
 }
 
 impl Default for SpecConfig {
@@ -56,7 +62,7 @@ impl Default for SpecConfig {
             num_speculative_tokens: 5,
             prompt_lookup_min: 2,
             prompt_lookup_max: 4,
-            miss_backoff: true,
+            adaptive: true,
         }
     }
 }
@@ -120,12 +126,14 @@ pub(crate) struct SpecState {
     pub(crate) misses: u32,
     /// Proposals still to pass over.
     pub(crate) skip: u32,
+    /// Most tokens of the next draft (0: not set yet, `K`).
+    pub(crate) limit: usize,
 }
 
 impl SpecState {
-    /// Count one verified draft of `drafted` tokens of which `accepted` were taken, and move the
-    /// backoff (`backoff`: [`SpecConfig::miss_backoff`]).
-    pub(crate) fn record(&mut self, drafted: usize, accepted: usize, backoff: bool) {
+    /// Count one verified draft of `drafted` tokens of which `accepted` were taken, and, when
+    /// `spec.adaptive`, move the draft limit and the backoff.
+    pub(crate) fn record(&mut self, spec: &SpecConfig, drafted: usize, accepted: usize) {
         self.counts.accumulate(&SpecDecodeCounts {
             num_drafts: 1,
             num_draft_tokens: drafted as u64,
@@ -135,9 +143,24 @@ impl SpecState {
             self.misses = 0;
         } else {
             self.misses = self.misses.saturating_add(1);
-            if backoff {
-                self.skip = backoff_skips(self.misses);
-            }
+        }
+        if spec.adaptive {
+            self.skip = backoff_skips(self.misses);
+            let k = spec.num_speculative_tokens;
+            self.limit = if accepted >= drafted {
+                (self.draft_limit(k) + 1).min(k)
+            } else {
+                accepted + 1
+            };
+        }
+    }
+
+    /// Most tokens of the next draft (`k`: [`SpecConfig::num_speculative_tokens`]).
+    pub(crate) fn draft_limit(&self, k: usize) -> usize {
+        if self.limit == 0 {
+            k
+        } else {
+            self.limit.min(k)
         }
     }
 }
@@ -219,7 +242,10 @@ pub(super) fn plan(
     allocated_slots: usize,
     budget_left: usize,
 ) -> usize {
-    let cap = draft_cap(spec, cfg, r, allocated_slots, budget_left);
+    let mut cap = draft_cap(spec, cfg, r, allocated_slots, budget_left);
+    if spec.adaptive {
+        cap = cap.min(r.spec.draft_limit(spec.num_speculative_tokens));
+    }
     if cap == 0 {
         return 0;
     }
@@ -366,34 +392,50 @@ mod tests {
             (0..9).map(backoff_skips).collect::<Vec<_>>(),
             vec![0, 0, 1, 3, 7, 15, 15, 15, 15]
         );
+        let on = SpecConfig::default(); // K = 5
         let mut st = SpecState::default();
-        st.record(3, 0, true);
-        assert_eq!((st.misses, st.skip), (1, 0));
-        st.record(2, 0, true);
+        assert_eq!(st.draft_limit(5), 5);
+        st.record(&on, 3, 0);
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 1));
+        st.record(&on, 1, 0);
         assert_eq!((st.misses, st.skip), (2, 1));
         st.skip = 0; // the one proposal passed over
-        st.record(1, 0, true);
+        st.record(&on, 1, 0);
         assert_eq!((st.misses, st.skip), (3, 3));
-        // An accepted token ends the streak (the skip was spent before drafting again).
+        // An accepted token ends the streak (the skip was spent before drafting again), and a
+        // fully accepted draft raises the limit by one.
         st.skip = 0;
-        st.record(4, 1, true);
-        assert_eq!((st.misses, st.skip), (0, 0));
-        st.record(2, 0, true);
-        assert_eq!((st.misses, st.skip), (1, 0));
+        st.record(&on, 1, 1);
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (0, 0, 2));
+        st.record(&on, 2, 2);
+        assert_eq!(st.draft_limit(5), 3);
+        // 2 of 3 accepted: the next draft has at most 3 (2 + 1) tokens.
+        st.record(&on, 3, 2);
+        assert_eq!((st.misses, st.draft_limit(5)), (0, 3));
+        for _ in 0..4 {
+            st.record(&on, 3, 3);
+        }
+        assert_eq!(st.draft_limit(5), 5); // capped at K
+        st.record(&on, 5, 0);
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 1));
         assert_eq!(
             st.counts,
             SpecDecodeCounts {
-                num_drafts: 5,
-                num_draft_tokens: 12,
-                num_accepted_tokens: 1
+                num_drafts: 11,
+                num_draft_tokens: 3 + 1 + 1 + 1 + 2 + 3 + 4 * 3 + 5,
+                num_accepted_tokens: 1 + 2 + 2 + 4 * 3
             }
         );
-        // Off: the streak is counted, nothing is skipped.
+        // Off: the streak is counted, nothing is skipped or shortened.
+        let off = SpecConfig {
+            adaptive: false,
+            ..on
+        };
         let mut st = SpecState::default();
         for _ in 0..4 {
-            st.record(1, 0, false);
+            st.record(&off, 2, 0);
         }
-        assert_eq!((st.misses, st.skip), (4, 0));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (4, 0, 5));
     }
 
     #[test]

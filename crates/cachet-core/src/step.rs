@@ -126,8 +126,9 @@ impl<O: Observer> Scheduler<O> {
                 let drafts = r.spec.buf.get(1..=chunk.drafts).unwrap_or(&[]);
                 let a = spec::accepted(drafts, &sampled, &extra);
                 extra.truncate(a);
-                let backoff = self.cfg.speculative.is_some_and(|c| c.miss_backoff);
-                r.spec.record(chunk.drafts, a, backoff);
+                if let Some(sc) = &self.cfg.speculative {
+                    r.spec.record(sc, chunk.drafts, a);
+                }
                 self.spec_stats.record(chunk.drafts, a);
             }
             r.tokens.push(sampled.token);

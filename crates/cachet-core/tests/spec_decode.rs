@@ -54,7 +54,7 @@ fn spec3() -> Option<SpecConfig> {
         num_speculative_tokens: 3,
         prompt_lookup_min: 1,
         prompt_lookup_max: 4,
-        miss_backoff: true,
+        adaptive: true,
     })
 }
 
@@ -559,7 +559,7 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     let script = rejecting_script(48);
     let spec = |b| {
         Some(SpecConfig {
-            miss_backoff: b,
+            adaptive: b,
             ..spec3().unwrap()
         })
     };
@@ -583,12 +583,85 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     assert_eq!(off.output, on.output);
     assert_eq!((on.plans.len(), plain.plans.len()), (40, 40));
     assert_eq!(on.stats, off.stats);
-    // The final update's counts: 5 drafts, none accepted. Each draft is `[4, 5, 10]` at step 2
-    // (k capped at 3) and `[previous fresh token, 10]` after (the proposal runs to the end of
-    // the context), capped by the room left in p's block of 4: p = 6 at step 2 (1 slot
-    // left), then p = 8, 12, 20, 36 (3 slots, so 2 drafts each).
+    // Draft lengths: the proposal is `[4, 5, 10]` at step 2 and `[previous fresh token, 10]`
+    // after (it runs to the end of the context), capped by the room left in p's block of 4:
+    // at step 2j, p = 2j + 4, so 1 slot left when j is odd (p = 6, 10, ...) and 3 when it is
+    // even (p = 8, 12, ...). Fixed drafts: 1, 2, 1, 2, ... Adaptive: the step-2 draft's
+    // rejection (0 of 1 accepted) limits the next ones to 0 + 1 = 1 token, and nothing is
+    // ever accepted to raise it.
+    let sizes = |r: &Run| -> Vec<usize> {
+        r.plans
+            .iter()
+            .map(|p| p.chunks[0].drafts)
+            .filter(|&d| d > 0)
+            .collect()
+    };
+    let fixed_sizes: Vec<usize> = (1..=19).map(|j| if j % 2 == 1 { 1 } else { 2 }).collect();
+    assert_eq!(sizes(&plain), fixed_sizes);
+    assert_eq!(sizes(&on), vec![1; 5]);
+    // The final update's counts: 5 drafts, 5 draft tokens, none accepted (fixed: 19 drafts,
+    // 10 x 1 + 9 x 2 = 28 tokens).
     let mut s = scheduler(spec(true));
     add(&mut s, 1, draft("a", &LONE, 40));
     let (f, _) = finals(&mut s, &script, None);
-    assert_eq!(f, vec![((1, 0), Some(counts(5, 1 + 2 * 4, 0)))]);
+    assert_eq!(f, vec![((1, 0), Some(counts(5, 5, 0)))]);
+    let mut s = scheduler(spec(false));
+    add(&mut s, 1, draft("a", &LONE, 40));
+    let (f, _) = finals(&mut s, &script, None);
+    assert_eq!(f, vec![((1, 0), Some(counts(19, 28, 0)))]);
+}
+
+#[test]
+fn after_a_partial_acceptance_drafts_are_shorter_until_one_is_taken_whole() {
+    // Blocks of 8, K = 5, PROMPT [1..9, 1]. The output copies the prompt twice, each time
+    // leaving it after two or three tokens: 2, 3, 4, 50, 60, 61, 1, 2, 3, 4, 70, 71, ...
+    let script = [
+        2, 3, 4, 50, 60, 61, 1, 2, 3, 4, 70, 71, 72, 73, 74, 75, 76, 77,
+    ];
+    let run_with = |adaptive| {
+        let cfg = SchedulerConfig {
+            block_size: 8,
+            speculative: Some(SpecConfig {
+                num_speculative_tokens: 5,
+                prompt_lookup_min: 1,
+                prompt_lookup_max: 4,
+                adaptive,
+            }),
+            ..config(None)
+        };
+        run(cfg, draft("a", &PROMPT, 14), &script)
+    };
+    let per_step = |r: &Run| -> Vec<(usize, usize)> {
+        r.plans
+            .iter()
+            .map(|p| (p.chunks[0].start_pos, p.chunks[0].drafts))
+            .collect()
+    };
+    // Step 2, p = 10 (5 slots left in block 8..15): [1, 2] recurs at 0, drafts [3, 4, 5, 6, 7];
+    // 3 and 4 are accepted, then 50. Steps 3 to 5 (p = 13, 14, 15: tokens 50, 60, 61) find
+    // nothing. Step 6, p = 16 (token 1, a new block: 7 slots): the most recent earlier 1 is
+    // the prompt's last, followed by [2, 3, 4, 50, 60]: fixed drafts take all five and accept
+    // 2, 3, 4 (then 70, not 50); adaptive ones, limited to 2 + 1 = 3 by step 2, draft
+    // [2, 3, 4], all accepted, then 70. The same four tokens either way; then 71, 72, 73.
+    let fixed = run_with(false);
+    let adaptive = run_with(true);
+    let expect = |d6| {
+        vec![
+            (0, 0),
+            (10, 5),
+            (13, 0),
+            (14, 0),
+            (15, 0),
+            (16, d6),
+            (20, 0),
+            (21, 0),
+            (22, 0),
+        ]
+    };
+    assert_eq!(per_step(&fixed), expect(5));
+    assert_eq!(per_step(&adaptive), expect(3));
+    assert_eq!(fixed.output, script[..14].to_vec());
+    assert_eq!(adaptive.output, fixed.output);
+    assert_eq!(adaptive.per_step, fixed.per_step);
+    assert_eq!(adaptive.stats, fixed.stats);
 }
