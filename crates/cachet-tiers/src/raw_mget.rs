@@ -332,7 +332,7 @@ mod tests {
     }
 
     #[test]
-    fn error_replies_and_wrong_counts_and_cut_replies_are_errors() {
+    fn error_replies_wrong_counts_and_other_types_are_errors() {
         rt().block_on(async {
             let keys = vec![b"a".to_vec(), b"b".to_vec()];
             let t = serve_once(b"-ERR no\r\n".to_vec(), 100).await;

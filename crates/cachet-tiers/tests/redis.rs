@@ -126,6 +126,40 @@ fn another_instance_of_the_same_model_loads_what_one_saved() {
 }
 
 #[test]
+fn payloads_held_from_one_load_survive_the_next_loads() {
+    // A plain redis:// load reads its reply into a buffer it reuses once the previous load's
+    // payloads are dropped: payloads still held must keep their bytes while later loads run,
+    // and once dropped the next loads still return the right bytes.
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let c = redis_client(&server.url(), |_| {});
+    save_all(&c, 0..40);
+    let load = |ticket: u64, range: std::ops::Range<u32>| {
+        c.start_load(ticket, range.clone().map(hash).collect());
+        let done = wait_load(&c, ticket, Duration::from_secs(5));
+        range
+            .zip(done.results)
+            .map(|(i, r)| (i, r.unwrap().0))
+            .collect::<Vec<_>>()
+    };
+    let held = load(1, 0..20);
+    for (t, range) in [(2, 20..40), (3, 0..40), (4, 10..30)] {
+        for (i, p) in load(t, range) {
+            assert_eq!(p, payload(i, BLOCK), "load {t}, block {i}");
+        }
+    }
+    for (i, p) in &held {
+        assert_eq!(p, &payload(*i, BLOCK), "held block {i}");
+    }
+    drop(held);
+    for (i, p) in load(5, 5..25) {
+        assert_eq!(p, payload(i, BLOCK), "after the drop, block {i}");
+    }
+    assert_eq!(c.stats().redis.blocks_loaded, 20 + 20 + 40 + 20 + 20);
+}
+
+#[test]
 fn a_block_just_loaded_or_stored_is_not_sent_again() {
     let Some(server) = RedisServer::start() else {
         return;
