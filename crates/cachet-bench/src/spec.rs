@@ -47,6 +47,16 @@ pub struct SpecArgs {
     pub spec_ngram_min: usize,
     #[arg(long, default_value_t = 4)]
     pub spec_ngram_max: usize,
+    /// Also run speculation with fixed drafts (`adaptive: false`: no backoff, no shortening), interleaved
+    /// with the other two modes.
+    #[arg(long)]
+    pub compare_adaptive: bool,
+    /// Skip the verification-cost and proposer measurements.
+    #[arg(long)]
+    pub no_cost: bool,
+    /// Interleaved repetitions of each step of the verification-cost measurement.
+    #[arg(long, default_value_t = 60)]
+    pub cost_reps: usize,
     /// Write the results as JSON here.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
@@ -76,7 +86,21 @@ pub struct WorkloadResult {
     pub on: Vec<RunStats>,
     /// on/off decode tokens/s of each interleaved pair.
     pub ratios: Vec<f64>,
+    /// With `--compare-adaptive`: speculation with fixed drafts, and its ratios to off.
+    pub on_fixed: Vec<RunStats>,
+    pub ratios_fixed: Vec<f64>,
     pub identical: bool,
+}
+
+/// What a rejected draft costs: one batch-1 step at a context of `context` tokens carrying
+/// `drafts` draft tokens (all rejected), as the median over interleaved repetitions.
+#[derive(Clone, Debug, Serialize)]
+pub struct VerifyCost {
+    pub context: usize,
+    pub drafts: usize,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -86,6 +110,11 @@ pub struct SpecReport {
     pub threads: usize,
     pub spec: String,
     pub workloads: Vec<WorkloadResult>,
+    /// Step time by number of rejected drafts, at the free-form and the edit prompt's context.
+    pub verify_cost: Vec<VerifyCost>,
+    /// The proposer's time per call on the edit prompt when nothing matches (a full scan for
+    /// every n), microseconds.
+    pub proposer_us: f64,
 }
 
 /// A deterministic Rust file of `n` small functions (names and constants vary).
@@ -185,6 +214,115 @@ fn run_one(
     Ok(st)
 }
 
+/// One batch-1 step of `[t, d1..dk]` at position `prompt.len()` with `k` drafts the model rejects,
+/// for every `k` of `ks`, interleaved round-robin `reps` times after a prefill of `prompt`.
+fn verify_cost(
+    m: &LoadedModel,
+    prompt: &[TokenId],
+    ks: &[usize],
+    reps: usize,
+) -> Result<Vec<VerifyCost>, BenchError> {
+    let kmax = ks.iter().copied().max().unwrap_or(0);
+    let num_blocks = (prompt.len() + kmax + 2).div_ceil(BLOCK) + 1;
+    let mut exec = m.executor(ExecutorConfig {
+        block_size: BLOCK,
+        num_blocks,
+        kv_dtype: KvDtype::F16,
+    })?;
+    let table: Vec<u32> = (0..num_blocks as u32).collect();
+    let params = SamplingParams::greedy(64);
+    let seq = |tokens, output, drafts| cachet_core::exec::SeqChunk {
+        slot: 0,
+        tokens,
+        start_pos: 0,
+        block_table: &table,
+        sample: Some(cachet_core::exec::SampleSpec {
+            params: &params,
+            prompt,
+            output,
+            n: 1,
+            drafts,
+        }),
+        prompt_logprobs: None,
+    };
+    let batch = |seqs| cachet_core::exec::ExecBatch {
+        copies: Vec::new(),
+        loads: Vec::new(),
+        seqs,
+    };
+    let out = exec.execute(&batch(vec![seq(prompt, &[], &[])]))?;
+    let first = out
+        .sampled
+        .first()
+        .and_then(|s| s.as_ref())
+        .map(|s| s.token)
+        .ok_or_else(|| BenchError::Setup("no first token".into()))?;
+    let output = [first];
+    // The greedy token after `first`, so that every draft can be made to differ from it.
+    let mut one = seq(&output, &output, &[]);
+    one.start_pos = prompt.len();
+    let next = exec
+        .execute(&batch(vec![one]))?
+        .sampled
+        .first()
+        .and_then(|s| s.as_ref())
+        .map_or(0, |s| s.token);
+    let mut chunk = vec![first];
+    chunk.extend((0..kmax).map(|j| {
+        if prompt[j] == next {
+            next ^ 1
+        } else {
+            prompt[j]
+        }
+    }));
+    let mut times = vec![Vec::with_capacity(reps); ks.len()];
+    for _ in 0..reps {
+        for (i, &k) in ks.iter().enumerate() {
+            let mut c = seq(&chunk[..=k], &output, &chunk[1..=k]);
+            c.start_pos = prompt.len();
+            let t = Instant::now();
+            exec.execute(&batch(vec![c]))?;
+            times[i].push(t.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    Ok(ks
+        .iter()
+        .zip(times)
+        .map(|(&k, t)| {
+            let (lo, hi) = range(&t);
+            VerifyCost {
+                context: prompt.len(),
+                drafts: k,
+                median_ms: median(&t),
+                min_ms: lo,
+                max_ms: hi,
+            }
+        })
+        .collect())
+}
+
+/// Microseconds per proposer call on `tokens` with nothing to find: the tokens followed by a
+/// fresh id, so every n-gram suffix is scanned to the start.
+fn proposer_us(tokens: &[TokenId], spec: &SpecConfig) -> f64 {
+    let mut t = tokens.to_vec();
+    t.push(u32::MAX);
+    let mut out = Vec::new();
+    let calls = 2000;
+    let start = Instant::now();
+    let mut found = 0;
+    for _ in 0..calls {
+        found += cachet_core::spec::propose_ngram(
+            std::hint::black_box(&t),
+            spec.prompt_lookup_min,
+            spec.prompt_lookup_max,
+            spec.num_speculative_tokens,
+            &mut out,
+        );
+    }
+    std::hint::black_box(found);
+    start.elapsed().as_secs_f64() * 1e6 / calls as f64
+}
+
 fn cpu_name() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -214,9 +352,23 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
         num_speculative_tokens: a.num_speculative_tokens,
         prompt_lookup_min: a.spec_ngram_min.max(1),
         prompt_lookup_max: a.spec_ngram_max.max(a.spec_ngram_min.max(1)),
+        adaptive: true,
+    };
+    let fixed = SpecConfig {
+        adaptive: false,
+        ..spec
     };
     let file = code_file(a.functions);
+    // The file first, the request after it: the 135M model then copies the file.
     let edit_prompt = chat(
+        &m,
+        &format!(
+            "```rust\n{file}```\n\nRewrite the whole file above with the function `mul_2` renamed to `times_2`. Keep everything else exactly the same."
+        ),
+    )?;
+    // The request first (the workload of the first measurements): the model answers with
+    // prose about the code, which repeats its identifiers without copying it.
+    let ask_first_prompt = chat(
         &m,
         &format!(
             "Return this Rust file unchanged except that the function `mul_2` is renamed to `times_2`. Output only the code.\n\n```rust\n{file}```"
@@ -239,25 +391,45 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
             &edit_prompt,
             edit_max,
         ),
+        (
+            format!("edit, request first ({file_tokens}-token file): prose answer"),
+            &ask_first_prompt,
+            edit_max,
+        ),
         ("free-form text".to_string(), &free_prompt, a.free_tokens),
     ] {
         let (mut off, mut on, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut on_nb, mut ratios_nb) = (Vec::new(), Vec::new());
         // Warm-up (page in the weights, grow scratch buffers).
         run_one(&m, prompt, 16, None)?;
+        let mut modes = vec![None, Some(spec)];
+        if a.compare_adaptive {
+            modes.push(Some(fixed));
+        }
         for rep in 0..a.reps {
-            // Alternate which mode goes first, so drift hits both alike.
-            let (x, y) = if rep % 2 == 0 {
-                let x = run_one(&m, prompt, max, None)?;
-                (x, run_one(&m, prompt, max, Some(spec))?)
-            } else {
-                let y = run_one(&m, prompt, max, Some(spec))?;
-                (run_one(&m, prompt, max, None)?, y)
+            // Rotate which mode goes first, so drift hits every mode alike.
+            let mut runs: Vec<Option<RunStats>> = vec![None; modes.len()];
+            for j in 0..modes.len() {
+                let i = (j + rep) % modes.len();
+                runs[i] = Some(run_one(&m, prompt, max, modes[i])?);
+            }
+            let mut runs = runs.into_iter().flatten();
+            let (Some(x), Some(y)) = (runs.next(), runs.next()) else {
+                return Err(BenchError::Setup("a run is missing".into()));
             };
             ratios.push(y.decode_tok_s / x.decode_tok_s.max(1e-9));
             eprintln!(
                 "{name} rep {rep}: off {:.1} tok/s, on {:.1} tok/s ({} tokens, {} accepted of {} drafted)",
                 x.decode_tok_s, y.decode_tok_s, y.output_tokens, y.accepted_tokens, y.draft_tokens
             );
+            if let Some(z) = runs.next() {
+                ratios_nb.push(z.decode_tok_s / x.decode_tok_s.max(1e-9));
+                eprintln!(
+                    "{name} rep {rep}: on, not adaptive, {:.1} tok/s ({} accepted of {} drafted)",
+                    z.decode_tok_s, z.accepted_tokens, z.draft_tokens
+                );
+                on_nb.push(z);
+            }
             off.push(x);
             on.push(y);
         }
@@ -281,14 +453,27 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
                 r.tokens.len()
             );
         }
-        let identical = off.iter().chain(&on).all(|r| r.tokens == off[0].tokens);
+        let identical = off
+            .iter()
+            .chain(&on)
+            .chain(&on_nb)
+            .all(|r| r.tokens == off[0].tokens);
         workloads.push(WorkloadResult {
             name,
             off,
             on,
             ratios,
+            on_fixed: on_nb,
+            ratios_fixed: ratios_nb,
             identical,
         });
+    }
+    let (mut verify, mut proposer) = (Vec::new(), 0.0);
+    if !a.no_cost {
+        let ks = [0, 1, 2, 3, 5];
+        verify = verify_cost(&m, &free_prompt, &ks, a.cost_reps)?;
+        verify.extend(verify_cost(&m, &edit_prompt, &ks, a.cost_reps)?);
+        proposer = proposer_us(&edit_prompt, &spec);
     }
     let rep = SpecReport {
         machine: cpu_name(),
@@ -301,6 +486,8 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
             spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
         ),
         workloads,
+        verify_cost: verify,
+        proposer_us: proposer,
     };
     if let Some(p) = &a.output_json {
         let j = serde_json::to_string_pretty(&rep)?;
@@ -365,6 +552,50 @@ pub fn table(r: &SpecReport) -> String {
             acc,
             first.output_tokens as f64 / first.steps.max(1) as f64,
             if w.identical { "yes" } else { "**no**" },
+        ));
+        if let Some(nb) = w.on_fixed.first() {
+            let v: Vec<f64> = w.on_fixed.iter().map(|x| x.decode_tok_s).collect();
+            let (b0, b1) = range(&v);
+            let (q0, q1) = range(&w.ratios_fixed);
+            out.push_str(&format!(
+                "| {} (not adaptive) | {} | | {:.1} ({:.1}–{:.1}) | **{:.2}x** ({:.2}–{:.2}) | {} / {} | {:.2} | |\n",
+                w.name,
+                nb.output_tokens,
+                median(&v),
+                b0,
+                b1,
+                median(&w.ratios_fixed),
+                q0,
+                q1,
+                nb.accepted_tokens,
+                nb.draft_tokens,
+                nb.output_tokens as f64 / nb.steps.max(1) as f64,
+            ));
+        }
+    }
+    if !r.verify_cost.is_empty() {
+        out.push_str(
+        "\nOne batch-1 step with k rejected drafts (median of interleaved repetitions):\n\n| context tokens | k | step ms (range) | vs k = 0 |\n|---|---|---|---|\n",
+    );
+        for v in &r.verify_cost {
+            let base = r
+                .verify_cost
+                .iter()
+                .find(|x| x.context == v.context && x.drafts == 0)
+                .map_or(v.median_ms, |x| x.median_ms);
+            out.push_str(&format!(
+                "| {} | {} | {:.2} ({:.2}–{:.2}) | {:.2}x |\n",
+                v.context,
+                v.drafts,
+                v.median_ms,
+                v.min_ms,
+                v.max_ms,
+                v.median_ms / base.max(1e-9)
+            ));
+        }
+        out.push_str(&format!(
+            "\nProposer, a full scan of the edit prompt with nothing found: {:.1} µs per call\n",
+            r.proposer_us
         ));
     }
     out

@@ -382,13 +382,16 @@ fn counts(num_drafts: u64, num_draft_tokens: u64, num_accepted_tokens: u64) -> S
     }
 }
 
+/// One final update: (handle, seq) and its `spec_decode`.
+type Final = ((u64, u32), Option<SpecDecodeCounts>);
+
 /// Runs every request added to `s` to its end with `script`; returns each final update's
 /// `spec_decode` by (handle, seq) and the sum of the per-step counters.
 fn finals(
     s: &mut Scheduler<Recorder>,
     script: &[u32],
     forks: Option<Vec<u32>>,
-) -> (Vec<((u64, u32), Option<SpecDecodeCounts>)>, SpecDecodeStats) {
+) -> (Vec<Final>, SpecDecodeStats) {
     let mut out = Vec::new();
     let mut sum = SpecDecodeStats::default();
     let mut t = 0.0;
