@@ -228,31 +228,33 @@ fn decode_segments<T: KvElem>(
     let stride = (a.n_heads / nkv) * (a.head_dim + 2);
     let len = nkv * stride;
     let end = a.start_pos + 1;
-    // Parts laid out [segment][kv group][rows of the group], then the merged result.
-    let mut buf = vec![0f32; len * (nseg + 1)];
-    let (parts, merged) = buf.split_at_mut(len * nseg);
-    let pp = SendPtr(parts.as_mut_ptr());
-    let all_done = std::sync::atomic::AtomicBool::new(true);
-    pool.parallel_for(nseg, &|s| {
-        // SAFETY: each segment owns the disjoint slice `s * len..(s + 1) * len`.
-        let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * len), len) };
-        if !attend_all_groups(isa, a, q, k, v, 0, segment(s, end), part) {
-            all_done.store(false, std::sync::atomic::Ordering::Relaxed);
+    // Parts laid out [segment][kv group][rows of the group], then the merged result (a
+    // per-thread buffer of the calling thread; the items write through a pointer).
+    with_parts(len * (nseg + 1), |buf| {
+        let (parts, merged) = buf.split_at_mut(len * nseg);
+        let pp = SendPtr(parts.as_mut_ptr());
+        let all_done = std::sync::atomic::AtomicBool::new(true);
+        pool.parallel_for(nseg, &|s| {
+            // SAFETY: each segment owns the disjoint slice `s * len..(s + 1) * len`.
+            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * len), len) };
+            if !attend_all_groups(isa, a, q, k, v, 0, segment(s, end), part) {
+                all_done.store(false, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        if !all_done.into_inner() {
+            pool.parallel_for(nseg * nkv, &|item| {
+                let (s, g) = (item / nkv, item % nkv);
+                let at = s * len + g * stride;
+                // SAFETY: each (segment, group) owns the disjoint slice `at..at + stride`.
+                let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(at), stride) };
+                attend_part(isa, a, q, k, v, (0, 1), g, segment(s, end), part);
+            });
+        }
+        merge(parts, nseg, a.head_dim, merged);
+        for g in 0..nkv {
+            finalize(a, &merged[g * stride..], (0, 1), g, out);
         }
     });
-    if !all_done.into_inner() {
-        pool.parallel_for(nseg * nkv, &|item| {
-            let (s, g) = (item / nkv, item % nkv);
-            let at = s * len + g * stride;
-            // SAFETY: each (segment, group) owns the disjoint slice `at..at + stride`.
-            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(at), stride) };
-            attend_part(isa, a, q, k, v, (0, 1), g, segment(s, end), part);
-        });
-    }
-    merge(parts, nseg, a.head_dim, merged);
-    for g in 0..nkv {
-        finalize(a, &merged[g * stride..], (0, 1), g, out);
-    }
 }
 
 /// Merge per-segment partial results (`parts`: `nseg` runs of `dst.len()` floats, each row
