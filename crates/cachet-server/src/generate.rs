@@ -440,7 +440,7 @@ impl Generation {
         }
         let divergence_text = report
             .as_ref()
-            .and_then(|r| r.divergence.as_deref())
+            .and_then(|r| r.divergence.as_ref())
             .filter(|_| self.state.per_request_metrics())
             .map(|d| divergence_text(self.state.tokenizer().as_ref(), d));
         let spec_decode = if self.seqs.iter().any(|s| s.spec_decode.is_some()) {

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 pub use insight::{
-    BlockEvent, BlockEventKind, Divergence, HotPrefix, InsightConfig, RecentRequest,
+    BlockEvent, BlockEventKind, ContextTokens, Divergence, HotPrefix, InsightConfig, RecentRequest,
     RequestLifecycle, DIVERGENCE_CONTEXT, MAX_BLOCK_EVENTS, RECENT_REQUESTS,
 };
 
@@ -86,7 +86,7 @@ pub struct Report {
     pub finished: Option<FinishedRequestStats>,
     /// Where the prompt diverged from a cached one (`prefill_stats.diverged_at`), with the
     /// tokens around it.
-    pub divergence: Option<Arc<Divergence>>,
+    pub divergence: Option<Divergence>,
 }
 
 /// TTFT and inter-token latency samples (seconds).
