@@ -154,6 +154,14 @@ impl Creators {
         }
     }
 
+    /// Hint the CPU to load `id`'s line (no effect on results).
+    #[inline]
+    pub(crate) fn prefetch(&self, id: u32) {
+        if let Some(s) = self.slots.get(id as usize) {
+            super::prefetch(s);
+        }
+    }
+
     pub(crate) fn label(&self, id: u32) -> Option<Arc<str>> {
         self.slots.get(id as usize).and_then(|s| s.0.clone())
     }

@@ -67,6 +67,9 @@ impl Default for InsightConfig {
     }
 }
 
+/// Lifecycles dropped from the history released together ([`Insight::release_retired`]).
+const RETIRE_BATCH: usize = 16;
+
 /// The default shadow set, in pools.
 pub const DEFAULT_SHADOW_POOLS: usize = 6;
 
@@ -305,6 +308,12 @@ pub(crate) struct Insight {
     index: Option<BlockIndex>,
     tenants: Option<Tenants>,
     history: VecDeque<Kept>,
+    /// Lifecycles dropped from the history whose owners' holds (and labels) are not released
+    /// yet: a dropped lifecycle is hundreds of requests old, its owners' lines in the
+    /// creators' table cold, so they are released together, prefetched ahead, once
+    /// [`RETIRE_BATCH`] have gathered ([`Insight::release_retired`]). Nothing reads a hold's
+    /// count but the release that ends it, so releasing late changes no answer.
+    retired: Vec<Kept>,
     recent: VecDeque<RecentRequest>,
     spare: Vec<(Vec<Ev>, Vec<u32>)>,
     /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
@@ -340,6 +349,7 @@ impl Insight {
                 other: None,
             }),
             history: VecDeque::new(),
+            retired: Vec::new(),
             recent: VecDeque::new(),
             spare: Vec::new(),
             hot: Vec::new(),
@@ -927,11 +937,10 @@ impl Insight {
         }
         if self.history.len() >= self.cfg.request_history {
             if let Some(old) = self.history.pop_front() {
-                release_owners(
-                    self.index.as_mut().map(|ix| &mut ix.creators),
-                    old.owners.iter().copied(),
-                );
-                self.recycle(old.events, old.owners);
+                self.retired.push(old);
+                if self.retired.len() >= RETIRE_BATCH {
+                    self.release_retired();
+                }
             }
         }
         self.history.push_back(Kept {
@@ -946,6 +955,37 @@ impl Insight {
             owners: hot.owners,
             dropped: u64::from(hot.dropped),
         });
+    }
+
+    /// Release the holds of the retired lifecycles' owners, their lines prefetched ahead, and
+    /// keep their buffers for new requests.
+    #[inline(never)]
+    fn release_retired(&mut self) {
+        const AHEAD: usize = 8;
+        let mut retired = std::mem::take(&mut self.retired);
+        if let Some(ix) = self.index.as_mut() {
+            let c = &mut ix.creators;
+            let owners = || retired.iter().flat_map(|k| k.owners.iter().copied());
+            for o in owners().take(AHEAD) {
+                c.prefetch(o);
+            }
+            for (o, ahead) in owners().zip(
+                owners()
+                    .skip(AHEAD)
+                    .map(Some)
+                    .chain(std::iter::repeat(None)),
+            ) {
+                if let Some(a) = ahead {
+                    c.prefetch(a);
+                }
+                c.release(o);
+            }
+        }
+        for k in retired.drain(..) {
+            self.recycle(k.events, k.owners);
+        }
+        // The (empty) list's room, for the next batch.
+        self.retired = retired;
     }
 
     /// Keep a lifecycle buffer whose events are released for a new request.
