@@ -18,7 +18,10 @@ use crate::stats::{MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
 pub use super::blocks::HotPrefix;
-use super::lifecycle::{owners_of, release_owners, Ev, Kept, NEW_ENTRY, SPARE_BUFFERS};
+use super::lifecycle::{
+    expand, expanded_len, owners_of, release_owners, Ev, Kept, MERGED_RECORDS, NEW_ENTRY,
+    SPARE_BUFFERS, WITH_EVICTED,
+};
 pub use super::lifecycle::{BlockEvent, BlockEventKind, RequestLifecycle, MAX_BLOCK_EVENTS};
 
 /// How much the recorder keeps for cache insight.
@@ -207,6 +210,8 @@ pub(crate) struct Hot {
     /// Events not kept (over [`MAX_BLOCK_EVENTS`]): past the first line, which holds what
     /// every block boundary touches.
     dropped: u32,
+    /// The lifecycle's events, counted once it has [`MERGED_RECORDS`] records (0 before).
+    counted: u32,
 }
 
 impl Default for Hot {
@@ -218,6 +223,7 @@ impl Default for Hot {
             creator: NONE,
             dropped: 0,
             entries: 0,
+            counted: 0,
         }
     }
 }
@@ -226,14 +232,41 @@ impl Hot {
     /// Record `e`; false when the lifecycle is full (or not kept) and `e` was not recorded.
     #[inline]
     fn push(&mut self, e: Ev) -> bool {
-        if let Some(l) = self.life.as_mut() {
-            if l.len() < MAX_BLOCK_EVENTS {
+        match self.life.as_mut() {
+            // Below MERGED_RECORDS records the events fit (at most three per record).
+            Some(l) if l.len() < MERGED_RECORDS => {
                 l.push(e);
-                return true;
+                true
             }
-            self.dropped = self.dropped.saturating_add(1);
+            Some(_) => self.push_counted(e),
+            None => false,
         }
+    }
+
+    /// `push` past [`MERGED_RECORDS`] records: by the count of events (records are no longer
+    /// merged).
+    #[cold]
+    #[inline(never)]
+    fn push_counted(&mut self, e: Ev) -> bool {
+        let Some(l) = self.life.as_mut() else {
+            return false;
+        };
+        if self.counted == 0 {
+            self.counted = expanded_len(l) as u32;
+        }
+        if (self.counted as usize) < MAX_BLOCK_EVENTS {
+            l.push(e);
+            self.counted += 1;
+            return true;
+        }
+        self.dropped = self.dropped.saturating_add(1);
         false
+    }
+
+    /// Whether a merged record may be added or grow (its events fit).
+    #[inline]
+    fn merges(&self) -> bool {
+        self.life.as_ref().is_some_and(|l| l.len() < MERGED_RECORDS)
     }
 }
 
@@ -689,11 +722,29 @@ impl Insight {
             let mut it = new.iter();
             kv.evicted.iter().all(|e| it.any(|&x| x == e.block))
         };
+        // A decode block's allocation that evicted one entry for it: one record.
+        let merged = new.len() == 1
+            && kv.evicted.len() == 1
+            && kv.evicted[0].block == new[0]
+            && ri.as_deref().is_some_and(Hot::merges);
         let mut p = 0;
         for e in &kv.evicted {
             let mut event = NONE;
             if let Some(ri) = ri.as_deref_mut() {
-                if ri.life.is_some() {
+                if merged {
+                    let mut ev = Ev::new(
+                        BlockEventKind::Allocated,
+                        Some(first_new as u32),
+                        Some(e.block),
+                        None,
+                    );
+                    ev.hash = wire_hash(&e.hash);
+                    ev.flags |= WITH_EVICTED;
+                    let at = ri.life.as_ref().map_or(0, Vec::len) as u32;
+                    if ri.push(ev) {
+                        event = at;
+                    }
+                } else if ri.life.is_some() {
                     let at = if in_order {
                         while new.get(p).is_some_and(|&x| x != e.block) {
                             p += 1;
@@ -741,7 +792,7 @@ impl Insight {
                 );
             }
         }
-        if let Some(ri) = ri {
+        if let (Some(ri), false) = (ri, merged) {
             if ri.life.is_some() {
                 for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
                     ri.push(Ev::new(
@@ -826,13 +877,32 @@ impl Insight {
         let end = kv.committed_until / b;
         let start = end.saturating_sub(kv.filled as usize);
         for j in start..end {
+            let block = blocks.get(j).copied();
+            let new_entry = kv.created.contains(&(j as u32));
+            // Its allocation's record, when nothing came after it: one record.
+            if let (Some(blk), true) = (
+                block,
+                // Growing a record to three events keeps the events within bounds up to
+                // MERGED_RECORDS records.
+                ri.life.as_ref().is_some_and(|l| l.len() <= MERGED_RECORDS),
+            ) {
+                if let Some(last) = ri
+                    .life
+                    .as_mut()
+                    .and_then(|l| l.last_mut())
+                    .filter(|r| r.takes_fill(j as u32, blk))
+                {
+                    last.fill(hashes.get(j).map(wire_hash), new_entry);
+                    continue;
+                }
+            }
             let mut e = Ev::new(
                 BlockEventKind::Filled,
                 Some(j as u32),
                 blocks.get(j).copied(),
                 hashes.get(j).map(wire_hash),
             );
-            if kv.created.contains(&(j as u32)) {
+            if new_entry {
                 e.flags |= NEW_ENTRY;
             }
             ri.push(e);
@@ -915,8 +985,14 @@ impl Insight {
         };
         if let Some(h) = joined {
             h.dropped += u64::from(hot.dropped);
-            let room = MAX_BLOCK_EVENTS.saturating_sub(h.events.len());
-            if events.len() > room {
+            let (kept, more) = (expanded_len(&h.events), expanded_len(&events));
+            if kept + more > MAX_BLOCK_EVENTS {
+                // Cut by events: as one record each.
+                h.events = expand(&h.events);
+                events = expand(&events);
+            }
+            let room = MAX_BLOCK_EVENTS.saturating_sub(kept);
+            if more > room {
                 h.dropped += (events.len() - room) as u64;
                 release_owners(
                     self.index.as_mut().map(|ix| &mut ix.creators),
@@ -1012,7 +1088,13 @@ impl Insight {
             prompt_tokens: h.prompt_tokens,
             generation_tokens: h.generation_tokens,
             prefill_stats: h.prefill_stats,
-            blocks: h.events.iter().map(|e| e.event(creators)).collect(),
+            blocks: {
+                let mut v = Vec::with_capacity(expanded_len(&h.events));
+                for r in &h.events {
+                    r.expand(|e| v.push(e.event(creators)));
+                }
+                v
+            },
             blocks_dropped: h.dropped,
         })
     }
@@ -1028,5 +1110,85 @@ impl Insight {
         self.index
             .as_ref()
             .map_or_else(Vec::new, |ix| ix.hottest(now, n, &gone))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::lifecycle::{FILL_HASH, WITH_FILLED};
+    use super::*;
+
+    /// A decode block's record: allocated at index `j`, evicting the entry hashed `j + 100`
+    /// (owner 7), filled as a new entry hashed `j + 200`.
+    fn decode_block(j: u32) -> Ev {
+        let mut e = Ev::new(BlockEventKind::Allocated, Some(j), Some(j + 10), None);
+        e.hash = u64::from(j) + 100;
+        e.owner = 7;
+        e.flags |= WITH_EVICTED;
+        assert!(e.takes_fill(j, j + 10));
+        e.fill(Some(u64::from(j) + 200), true);
+        assert!(!e.takes_fill(j, j + 10));
+        e
+    }
+
+    #[test]
+    fn a_merged_record_expands_to_its_three_events_in_order() {
+        let e = decode_block(3);
+        assert_eq!(e.events(), 3);
+        let mut v = Vec::new();
+        e.expand(|x| v.push(x.event(None)));
+        let ev = |event, hash, new_entry| BlockEvent {
+            event,
+            index: Some(3),
+            block: Some(13),
+            hash,
+            new_entry,
+            owner: None,
+        };
+        assert_eq!(
+            v,
+            vec![
+                ev(BlockEventKind::Evicted, Some(103), false),
+                ev(BlockEventKind::Allocated, None, false),
+                ev(BlockEventKind::Filled, Some(203), true),
+            ]
+        );
+        assert_eq!(v.len(), 3);
+        // The owner id stays with the eviction alone.
+        let mut owners = Vec::new();
+        e.expand(|x| owners.push(x.owner));
+        assert_eq!(owners, vec![7, NONE, NONE]);
+        // A fill without a hash sets no FILL_HASH.
+        let mut f = Ev::new(BlockEventKind::Allocated, Some(1), Some(2), None);
+        f.fill(None, false);
+        assert_eq!(f.flags & (WITH_FILLED | FILL_HASH), WITH_FILLED);
+        let mut w = Vec::new();
+        f.expand(|x| w.push(x.event(None)));
+        assert_eq!(w[1].event, BlockEventKind::Filled);
+        assert_eq!((w[1].hash, w[1].new_entry), (None, false));
+    }
+
+    /// 1,365 merged records stand for 4,095 events: one more event fits the 4,096, the next
+    /// two are counted as dropped; past 1,365 records nothing merges.
+    #[test]
+    fn merged_records_keep_the_event_limit() {
+        let mut h = Hot {
+            life: Some(Vec::new()),
+            ..Default::default()
+        };
+        for j in 0..MERGED_RECORDS as u32 {
+            assert!(h.merges());
+            assert!(h.push(decode_block(j)));
+        }
+        assert_eq!(MERGED_RECORDS, 1365);
+        assert!(!h.merges());
+        let plain = Ev::new(BlockEventKind::Hit, Some(0), Some(0), None);
+        assert!(h.push(plain));
+        assert!(!h.push(plain));
+        assert!(!h.push(plain));
+        let l = h.life.as_ref().unwrap();
+        assert_eq!((l.len(), expanded_len(l)), (1366, MAX_BLOCK_EVENTS));
+        assert_eq!((h.counted, h.dropped), (4096, 2));
+        assert_eq!(expand(l).len(), MAX_BLOCK_EVENTS);
     }
 }

@@ -65,12 +65,17 @@ pub struct RequestLifecycle {
     pub blocks_dropped: u64,
 }
 
-/// A lifecycle entry as the step records it: 24 bytes, the evicted entry's owner an id of the
-/// block index's [`Creators`] (held by the entry until its lifecycle is dropped); made a
-/// [`BlockEvent`] when the inspector asks.
+/// A lifecycle record as the step records it: 32 bytes, the evicted entry's owner an id of the
+/// block index's [`Creators`] (held by the record until its lifecycle is dropped); made
+/// [`BlockEvent`]s when the inspector asks. A decode block's three events (the eviction of
+/// another's entry for it, its allocation and its fill) are one record: an `Allocated` one
+/// with [`WITH_EVICTED`] (`hash` and `owner` are the evicted entry's) and [`WITH_FILLED`]
+/// (`fill_hash`), expanded in that order ([`Ev::expand`]); merged only when nothing came
+/// between them, so the expansion is the events as they happened.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ev {
     pub(super) hash: u64,
+    pub(super) fill_hash: u64,
     pub(super) index: u32,
     pub(super) block: u32,
     pub(super) owner: u32,
@@ -82,6 +87,30 @@ const HAS_INDEX: u8 = 1;
 const HAS_BLOCK: u8 = 2;
 const HAS_HASH: u8 = 4;
 pub(super) const NEW_ENTRY: u8 = 8;
+/// An `Allocated` record that is also the `Evicted` event before it (same index and block).
+pub(super) const WITH_EVICTED: u8 = 16;
+/// An `Allocated` record that is also the `Filled` event after it (same index and block).
+pub(super) const WITH_FILLED: u8 = 32;
+/// The merged `Filled` event has a hash (`fill_hash`).
+pub(super) const FILL_HASH: u8 = 64;
+
+/// Records kept before any can hold more events than [`MAX_BLOCK_EVENTS`] allows: below it a
+/// lifecycle's events (at most three per record) fit, and records are merged.
+pub(super) const MERGED_RECORDS: usize = MAX_BLOCK_EVENTS / 3;
+
+/// How many events `records` stand for.
+pub(super) fn expanded_len(records: &[Ev]) -> usize {
+    records.iter().map(Ev::events).sum()
+}
+
+/// `records` as one record per event (none merged), in order.
+pub(super) fn expand(records: &[Ev]) -> Vec<Ev> {
+    let mut out = Vec::with_capacity(expanded_len(records));
+    for r in records {
+        r.expand(|e| out.push(e));
+    }
+    out
+}
 
 impl Ev {
     pub(super) fn new(
@@ -102,11 +131,73 @@ impl Ev {
         }
         Ev {
             hash: hash.unwrap_or(0),
+            fill_hash: 0,
             index: index.unwrap_or(0),
             block: block.unwrap_or(0),
             owner: NONE,
             kind,
             flags,
+        }
+    }
+
+    /// How many events it stands for.
+    pub(super) fn events(&self) -> usize {
+        1 + usize::from(self.flags & WITH_EVICTED != 0) + usize::from(self.flags & WITH_FILLED != 0)
+    }
+
+    /// The events it stands for, in order, each as an unmerged record.
+    pub(super) fn expand(&self, mut f: impl FnMut(Ev)) {
+        if self.flags & (WITH_EVICTED | WITH_FILLED) == 0 {
+            f(*self);
+            return;
+        }
+        let base = HAS_INDEX | HAS_BLOCK;
+        let plain = |kind, flags, hash, owner| Ev {
+            hash,
+            fill_hash: 0,
+            index: self.index,
+            block: self.block,
+            owner,
+            kind,
+            flags,
+        };
+        if self.flags & WITH_EVICTED != 0 {
+            f(plain(
+                BlockEventKind::Evicted,
+                base | HAS_HASH,
+                self.hash,
+                self.owner,
+            ));
+        }
+        f(plain(BlockEventKind::Allocated, base, 0, NONE));
+        if self.flags & WITH_FILLED != 0 {
+            let mut flags = base | (self.flags & NEW_ENTRY);
+            if self.flags & FILL_HASH != 0 {
+                flags |= HAS_HASH;
+            }
+            f(plain(BlockEventKind::Filled, flags, self.fill_hash, NONE));
+        }
+    }
+
+    /// Whether the `Filled` event of block `block` at `index` can join this record: an
+    /// allocation of the same block, not yet filled.
+    pub(super) fn takes_fill(&self, index: u32, block: BlockId) -> bool {
+        self.kind == BlockEventKind::Allocated
+            && self.flags & WITH_FILLED == 0
+            && self.flags & (HAS_INDEX | HAS_BLOCK) == HAS_INDEX | HAS_BLOCK
+            && self.index == index
+            && self.block == block
+    }
+
+    /// Join the `Filled` event (`hash`, `new_entry`) to this allocation.
+    pub(super) fn fill(&mut self, hash: Option<u64>, new_entry: bool) {
+        self.flags |= WITH_FILLED;
+        if let Some(h) = hash {
+            self.flags |= FILL_HASH;
+            self.fill_hash = h;
+        }
+        if new_entry {
+            self.flags |= NEW_ENTRY;
         }
     }
 
