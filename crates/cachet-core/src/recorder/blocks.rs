@@ -280,13 +280,16 @@ impl BlockIndex {
     }
 
     /// Start loading what creating an entry in `block` under `parent` touches: the entry's
-    /// line (written whole) and the parent's children's head.
+    /// line (written whole), the parent's children's head and its hash.
     #[inline]
     pub(crate) fn prefetch_create(&self, block: BlockId, parent: Option<BlockId>) {
         if let Some(s) = self.slots.get(block as usize) {
             super::prefetch(s);
         }
         if let Some(p) = parent.and_then(|p| self.first_child.get(p as usize)) {
+            super::prefetch(p);
+        }
+        if let Some(p) = parent.and_then(|p| self.hashes.get(p as usize)) {
             super::prefetch(p);
         }
     }
@@ -420,6 +423,8 @@ impl BlockIndex {
         if hold {
             self.creators.hold(creator);
         }
+        // Linked at the front of its siblings as it is written (no read-back of the line).
+        let head = if orphan { NONE } else { self.head(parent) };
         self.set_cached(i, true);
         let wire = wire_hash(&hash);
         self.hashes[i] = wire;
@@ -427,10 +432,10 @@ impl BlockIndex {
         self.slots[i].n = Node {
             hash: wire,
             parent,
-            next: NONE,
+            next: head,
             prev: NONE,
             creator,
-            flags: CACHED,
+            flags: if orphan { CACHED } else { CACHED | LINKED },
         };
         self.slots[i].c = Cold {
             created: now,
@@ -441,7 +446,10 @@ impl BlockIndex {
         };
         write_around_cache(&mut self.tokens[i * self.b..(i + 1) * self.b], tokens);
         if !orphan {
-            self.link_front_under(block, parent);
+            if head != NONE {
+                self.slots[head as usize].n.prev = block;
+            }
+            self.set_head(parent, block);
         }
         true
     }

@@ -821,8 +821,12 @@ impl Insight {
     ) {
         self.flush();
         let b = self.block_size;
-        let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
-        if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
+        // What this touches is cold (a decode block was allocated 16 steps ago): the request's
+        // hot line, the new entries' lines and their parents', loaded together.
+        if let Some(h) = slot.and_then(|s| self.hot.get(s as usize)) {
+            super::prefetch(h);
+        }
+        if let (Some(ix), false) = (self.index.as_ref(), kv.created.is_empty()) {
             for &i in &kv.created {
                 let i = i as usize;
                 if let Some(&blk) = blocks.get(i) {
@@ -830,6 +834,17 @@ impl Insight {
                     ix.prefetch_create(blk, parent);
                 }
             }
+        }
+        let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
+        // The last lifecycle record, which the fill may join.
+        if let Some(last) = ri
+            .as_ref()
+            .and_then(|r| r.life.as_ref())
+            .and_then(|l| l.last())
+        {
+            super::prefetch(last);
+        }
+        if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
             let root_key = ri.as_ref().map_or(0, |r| r.root_key);
             // The creator's id: the request's own (taken at its first entry), or one held only
             // by these entries.
