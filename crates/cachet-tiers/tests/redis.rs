@@ -340,6 +340,11 @@ fn killed_mid_run_then_restarted_reconnects() {
     let c = redis_client(&server.url(), |_| {});
     save_all(&c, 0..4);
     assert_eq!(c.lookup(&[hash(0)]).len(), 1);
+    // A load before the outage leaves an idle load connection behind; after the restart it is
+    // dead, and must not be reused (it would fail the next load and count a second outage).
+    c.start_load(0, vec![hash(0)]);
+    let done = wait_load(&c, 0, Duration::from_secs(5));
+    assert!(done.results.iter().all(|r| r.is_ok()));
 
     server.kill();
     // The first call finds the connection gone: counted, tier down (one state change).

@@ -87,8 +87,10 @@ impl RedisShared {
         if self.health.mark_down(why) {
             self.shared.stats.redis_outages.fetch_add(1, Relaxed);
         }
-        // A restarted server or a failed-over master may have lost what we remember.
+        // A restarted server or a failed-over master may have lost what we remember, and the
+        // idle load connections opened before the outage are dead or point at the old master.
         lock(&self.present).clear();
+        lock(&self.raw_pool).clear();
     }
 
     /// A stored block is trusted to still be there for half its TTL (ten minutes without one).
