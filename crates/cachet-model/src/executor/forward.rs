@@ -297,9 +297,12 @@ pub(super) fn forward_impl<T: KvStore>(
         s.prof.mark(3);
         if batch.seqs.len() == 1 {
             // One sequence (e.g. batch-1 decode): spread (token, kv head) items over the pool.
-            // A chunk with drafts attends one token at a time, as the decode steps it stands
-            // for would (the parallel kernel splits the work by the number of query tokens,
-            // and the sums' order with it).
+            // A chunk with drafts attends one token at a time, so each call splits its context
+            // over the threads as the decode step it stands for would. The bits are the same
+            // either way (fixed context segments; kernels' `attention_invariance.rs`), but one
+            // call for all rows splits by rows and is slower at batch 1: a step with one
+            // rejected draft at 1,044 positions cost 1.40x a plain step that way, 1.19x this
+            // way (two runs of `cachet bench spec`, 2026-12-01, each against its own plain step).
             let seq = &batch.seqs[0];
             let drafts = seq.sample.as_ref().is_some_and(|sp| !sp.drafts.is_empty());
             let per_call = if drafts { 1 } else { t_n };
