@@ -25,6 +25,8 @@ pub(crate) mod avx2_tile;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx512;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512_attn;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod peak;
 pub(crate) mod scalar;
 
@@ -44,7 +46,9 @@ use avx2_attn::attn_avx2;
 #[cfg(target_arch = "x86_64")]
 use avx2_tile::{tile_avx2, tile_avx2_vnni};
 #[cfg(target_arch = "x86_64")]
-use avx512::{attn_512, tile_512};
+use avx512::tile_512;
+#[cfg(target_arch = "x86_64")]
+use avx512_attn::attn_512;
 
 /// Activation-row tile (rows of `x` per micro-kernel call).
 pub(crate) const MR: usize = 4;
