@@ -160,6 +160,16 @@ pub trait Executor: Send {
     /// Append block `block`'s KV (every layer, K and V) to `out`: [`Executor::block_bytes`]
     /// bytes that a [`BlockLoad`] of the same layout restores exactly.
     fn save_block(&self, block: BlockId, out: &mut Vec<u8>) -> Result<(), ExecError>;
+    /// [`Executor::save_block`] of `blocks[i]` into `outs[i]`, one result per block; an
+    /// executor with threads copies them in parallel (a tier offload of a long prompt's
+    /// blocks is tens of MB). Same bytes as one call per block.
+    fn save_blocks(&self, blocks: &[BlockId], outs: &mut [Vec<u8>]) -> Vec<Result<(), ExecError>> {
+        blocks
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(&b, out)| self.save_block(b, out))
+            .collect()
+    }
     /// Run one step: do `batch.copies`, write `batch.loads`, then compute the chunks.
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError>;
 }

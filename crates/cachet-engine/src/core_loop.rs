@@ -13,7 +13,8 @@ use cachet_core::recorder::InsightConfig;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
 use cachet_core::{
-    BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig, ValidRequest,
+    BlockHash, BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig,
+    ValidRequest,
 };
 
 use crate::tier::{KvTier, LoadTicket, Payload, SaveReason};
@@ -71,6 +72,28 @@ pub struct EngineCore<E: Executor> {
     schedule_log: Option<Vec<SchedulerOutput>>,
     /// The last step had nothing to execute (every live request waits for its loads).
     idle: bool,
+}
+
+/// Copies the `wanted` blocks out of the executor into the tier's payload buffers in one call
+/// (in parallel where the executor has threads) and hands each copied one to the tier.
+fn save_blocks<E: Executor>(
+    executor: &E,
+    tier: &mut dyn KvTier,
+    wanted: Vec<(BlockId, BlockHash)>,
+    why: SaveReason,
+) {
+    if wanted.is_empty() {
+        return;
+    }
+    let bytes = executor.block_bytes();
+    let blocks: Vec<BlockId> = wanted.iter().map(|w| w.0).collect();
+    let mut bufs: Vec<Vec<u8>> = wanted.iter().map(|_| tier.take_buffer(bytes)).collect();
+    let done = executor.save_blocks(&blocks, &mut bufs);
+    for (((_, hash), buf), r) in wanted.into_iter().zip(bufs).zip(done) {
+        if r.is_ok() {
+            tier.save(hash, Payload::from(buf), why);
+        }
+    }
 }
 
 impl<E: Executor> EngineCore<E> {
@@ -281,15 +304,13 @@ impl<E: Executor> EngineCore<E> {
         if !tier.saves_on().evicted {
             return;
         }
-        for ev in &plan.evicted {
-            if !tier.wants_save(&ev.hash, SaveReason::Evicted) {
-                continue;
-            }
-            let mut buf = tier.take_buffer(self.executor.block_bytes());
-            if self.executor.save_block(ev.block, &mut buf).is_ok() {
-                tier.save(ev.hash, Payload::from(buf), SaveReason::Evicted);
-            }
-        }
+        let wanted: Vec<(BlockId, BlockHash)> = plan
+            .evicted
+            .iter()
+            .filter(|ev| tier.wants_save(&ev.hash, SaveReason::Evicted))
+            .map(|ev| (ev.block, ev.hash))
+            .collect();
+        save_blocks(&self.executor, tier.as_mut(), wanted, SaveReason::Evicted);
     }
 
     fn save_new_entries(&mut self) {
@@ -297,15 +318,11 @@ impl<E: Executor> EngineCore<E> {
         let Some(tier) = self.tier.as_mut() else {
             return;
         };
-        for (block, hash) in entries {
-            if !tier.wants_save(&hash, SaveReason::Filled) {
-                continue;
-            }
-            let mut buf = tier.take_buffer(self.executor.block_bytes());
-            if self.executor.save_block(block, &mut buf).is_ok() {
-                tier.save(hash, Payload::from(buf), SaveReason::Filled);
-            }
-        }
+        let wanted: Vec<(BlockId, BlockHash)> = entries
+            .into_iter()
+            .filter(|(_, hash)| tier.wants_save(hash, SaveReason::Filled))
+            .collect();
+        save_blocks(&self.executor, tier.as_mut(), wanted, SaveReason::Filled);
     }
 
     /// Attach the recorder's reports to the updates they belong to (same order, same slots).

@@ -62,6 +62,16 @@ impl cachet_core::Executor for AnyExecutor {
             AnyExecutor::Model(e) => e.save_block(block, out),
         }
     }
+    fn save_blocks(
+        &self,
+        blocks: &[cachet_core::BlockId],
+        outs: &mut [Vec<u8>],
+    ) -> Vec<Result<(), cachet_core::ExecError>> {
+        match self {
+            AnyExecutor::Sim(e) => e.save_blocks(blocks, outs),
+            AnyExecutor::Model(e) => e.save_blocks(blocks, outs),
+        }
+    }
     fn execute(
         &mut self,
         batch: &cachet_core::ExecBatch<'_>,

@@ -2,8 +2,11 @@
 //! and one block's KV as bytes (for external tiers): every layer's K rows then V rows of the
 //! block, each element little-endian in the arena's dtype.
 
-use cachet_core::{BlockId, ExecError};
+use std::sync::Mutex;
+
+use cachet_core::{BlockId, BlockLoad, ExecError};
 use cachet_kernels::attention::KvElem;
+use cachet_kernels::ThreadPool;
 
 /// A KV element the executor can write.
 pub trait KvStore: KvElem + Copy + Send + Sync + 'static {
@@ -95,6 +98,12 @@ fn read_le_bytes<T: bytemuck::Pod>(src: &[u8], dst: &mut [T], _from_le: fn(&[u8]
     }
 }
 
+/// One pool task's share of a parallel save: its blocks and their buffers (locked by that
+/// task alone).
+type SavePart<'a> = Mutex<(&'a [BlockId], &'a mut [Vec<u8>])>;
+/// One pool task's share of a parallel load: its first layer's index and its layers.
+type LoadPart<'a, T> = Mutex<(usize, &'a mut [LayerKv<T>])>;
+
 /// Elements of one block in one layer's K (or V).
 fn block_range(block: BlockId, block_elems: usize) -> std::ops::Range<usize> {
     let start = block as usize * block_elems;
@@ -137,6 +146,89 @@ impl Arena {
         }
     }
 
+    /// [`Arena::save_block`] of `blocks[i]` into `outs[i]` (appended), the blocks split over
+    /// `pool`'s threads. A tier offload copies ~46 MB for a 2,000-token prompt of the default
+    /// model; one thread's copy is bound by its own memory bandwidth, not the machine's.
+    pub(crate) fn save_blocks(
+        &self,
+        pool: &ThreadPool,
+        block_elems: usize,
+        blocks: &[BlockId],
+        outs: &mut [Vec<u8>],
+    ) {
+        let n = blocks.len().min(outs.len());
+        let per = n.div_ceil(pool.n_threads().max(1)).max(1);
+        if n <= 1 || pool.n_threads() <= 1 {
+            for (&b, out) in blocks.iter().zip(outs.iter_mut()) {
+                self.save_block(b, block_elems, out);
+            }
+            return;
+        }
+        // One part per task; each lock is taken by its task alone.
+        let parts: Vec<SavePart> = blocks[..n]
+            .chunks(per)
+            .zip(outs[..n].chunks_mut(per))
+            .map(Mutex::new)
+            .collect();
+        pool.parallel_for(parts.len(), &|i| {
+            let mut part = parts[i].lock().unwrap_or_else(|p| p.into_inner());
+            let (bs, os) = &mut *part;
+            for (&b, out) in bs.iter().zip(os.iter_mut()) {
+                self.save_block(b, block_elems, out);
+            }
+        });
+    }
+
+    /// [`Arena::load_block`] of every load, the layers split over `pool`'s threads (a layer's
+    /// K and V belong to one task, so the writes are disjoint by construction). Every load's
+    /// size is checked before anything is written.
+    pub(crate) fn load_blocks(
+        &mut self,
+        pool: &ThreadPool,
+        block_elems: usize,
+        loads: &[BlockLoad<'_>],
+    ) -> Result<(), ExecError> {
+        let want = self.block_bytes(block_elems);
+        if let Some(bad) = loads.iter().find(|l| l.data.len() != want) {
+            return Err(ExecError::BadLoad {
+                block: bad.block,
+                got: bad.data.len(),
+                want,
+            });
+        }
+        fn load<T: KvStore>(
+            pool: &ThreadPool,
+            layers: &mut [LayerKv<T>],
+            block_elems: usize,
+            loads: &[BlockLoad<'_>],
+        ) {
+            let half = block_elems * T::BYTES;
+            let per = layers.len().div_ceil(pool.n_threads().max(1)).max(1);
+            let parts: Vec<LoadPart<T>> = layers
+                .chunks_mut(per)
+                .enumerate()
+                .map(|(i, c)| Mutex::new((i * per, c)))
+                .collect();
+            pool.parallel_for(parts.len(), &|i| {
+                let mut part = parts[i].lock().unwrap_or_else(|p| p.into_inner());
+                let (first, layers) = &mut *part;
+                for ld in loads {
+                    let r = block_range(ld.block, block_elems);
+                    for (j, l) in layers.iter_mut().enumerate() {
+                        let at = (*first + j) * 2 * half;
+                        T::read_le(&ld.data[at..at + half], &mut l.k[r.clone()]);
+                        T::read_le(&ld.data[at + half..at + 2 * half], &mut l.v[r.clone()]);
+                    }
+                }
+            });
+        }
+        match self {
+            Arena::F32(l) => load(pool, l, block_elems, loads),
+            Arena::F16(l) => load(pool, l, block_elems, loads),
+        }
+        Ok(())
+    }
+
     /// Copy block `src`'s KV (every layer, K and V) into block `dst`.
     pub(crate) fn copy_block(&mut self, src: BlockId, dst: BlockId, block_elems: usize) {
         fn copy<T: KvStore>(layers: &mut [LayerKv<T>], s: usize, d: usize, n: usize) {
@@ -152,7 +244,9 @@ impl Arena {
         }
     }
 
-    /// Overwrite block `block` with bytes written by [`Arena::save_block`].
+    /// Overwrite block `block` with bytes written by [`Arena::save_block`] (the executor
+    /// writes a step's loads with [`Arena::load_blocks`]).
+    #[cfg(test)]
     pub(crate) fn load_block(
         &mut self,
         block: BlockId,
@@ -253,5 +347,87 @@ mod tests {
         };
         assert_eq!(layers[0].k, [0.0, 0.0, 1.5, -2.0]);
         assert_eq!(layers[0].v, [0.0, 0.0, 0.25, 8.0]);
+    }
+
+    /// Five layers (an odd count, split 3 + 2 over two threads), blocks of 3 elements, 4 blocks.
+    fn arena_5_layers() -> Arena {
+        let mut layers = new_layers::<half::f16>(5, 3 * 4);
+        for (l, layer) in layers.iter_mut().enumerate() {
+            for i in 0..12 {
+                layer.k[i] = half::f16::from_f32((l * 100 + i) as f32);
+                layer.v[i] = half::f16::from_f32(-((l * 100 + i) as f32));
+            }
+        }
+        Arena::F16(layers)
+    }
+
+    #[test]
+    fn saves_and_loads_spread_over_threads_are_the_one_block_ones() {
+        let pool = ThreadPool::new(2);
+        let a = arena_5_layers();
+        // Three blocks (split 2 + 1 over the threads), each appended after a marker byte.
+        let blocks = [2, 0, 3];
+        let mut outs = vec![vec![7u8]; 3];
+        a.save_blocks(&pool, 3, &blocks, &mut outs);
+        for (&b, out) in blocks.iter().zip(&outs) {
+            let mut one = vec![7u8];
+            a.save_block(b, 3, &mut one);
+            assert_eq!(out, &one, "block {b}");
+        }
+        // Blocks 2 and 0 loaded into 1 and 3 of a zeroed arena: every layer of exactly those.
+        let mut z = Arena::F16(new_layers::<half::f16>(5, 3 * 4));
+        let loads = [
+            BlockLoad {
+                block: 1,
+                data: &outs[0][1..],
+            },
+            BlockLoad {
+                block: 3,
+                data: &outs[1][1..],
+            },
+        ];
+        z.load_blocks(&pool, 3, &loads).expect("right sizes");
+        let Arena::F16(layers) = &z else {
+            unreachable!()
+        };
+        for (l, layer) in layers.iter().enumerate() {
+            let k: Vec<f32> = layer.k.iter().map(|x| x.to_f32()).collect();
+            let b = (l * 100) as f32;
+            let want = [
+                0.0,
+                0.0,
+                0.0,
+                b + 6.0,
+                b + 7.0,
+                b + 8.0,
+                0.0,
+                0.0,
+                0.0,
+                b,
+                b + 1.0,
+                b + 2.0,
+            ];
+            assert_eq!(k, want, "layer {l} K");
+            assert_eq!(layer.v[4].to_f32(), -(b + 7.0), "layer {l} V");
+        }
+        // A short value anywhere: refused before anything is written.
+        let short = [
+            BlockLoad {
+                block: 0,
+                data: &outs[2][1..],
+            },
+            BlockLoad {
+                block: 2,
+                data: &outs[2][2..],
+            },
+        ];
+        assert!(z.load_blocks(&pool, 3, &short).is_err());
+        let Arena::F16(layers) = &z else {
+            unreachable!()
+        };
+        assert!(
+            layers.iter().all(|l| l.k[0].to_f32() == 0.0),
+            "block 0 untouched"
+        );
     }
 }

@@ -340,10 +340,10 @@ impl LlamaExecutor {
                     load.block, self.cfg.num_blocks
                 )));
             }
-            self.arena
-                .load_block(load.block, block_elems, load.data)
-                .map_err(|e| ModelError::Batch(e.to_string()))?;
         }
+        self.arena
+            .load_blocks(&self.pool, block_elems, &batch.loads)
+            .map_err(|e| ModelError::Batch(e.to_string()))?;
         let t_total = batch.num_tokens();
         let max_pos = batch
             .seqs
@@ -448,6 +448,21 @@ impl Executor for LlamaExecutor {
         }
         self.arena.save_block(block, self.block_elems(), out);
         Ok(())
+    }
+
+    fn save_blocks(&self, blocks: &[BlockId], outs: &mut [Vec<u8>]) -> Vec<Result<(), ExecError>> {
+        if blocks.len() == outs.len() && blocks.iter().all(|&b| (b as usize) < self.cfg.num_blocks)
+        {
+            self.arena
+                .save_blocks(&self.pool, self.block_elems(), blocks, outs);
+            return blocks.iter().map(|_| Ok(())).collect();
+        }
+        // Some block is outside the arena: each on its own, for its own error.
+        blocks
+            .iter()
+            .zip(outs.iter_mut())
+            .map(|(&b, o)| self.save_block(b, o))
+            .collect()
     }
 
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError> {
