@@ -152,6 +152,9 @@ def test_host_tier_keeps_evicted_blocks_and_reloads_them():
         assert m.get("vllm:kv_offload_load_bytes_total", tier="host") == 10 * SIM_BLOCK_BYTES
         assert m.get("cachet:kv_tier_blocks_saved_total", tier="host") == 20
         assert m.get("cachet:kv_tier_host_blocks") == 20
+        # Every one of the 20 saves copied its block into one payload buffer, warm or fresh.
+        taken = [m.get("cachet:kv_tier_save_buffers_total", source=x) for x in ("warm", "fresh")]
+        assert sum(taken) == 20, taken
         assert m.get("cachet:kv_tier_up", tier="host") == 1
         assert not m.has("cachet:kv_tier_redis_outages_total")
         assert 'num_cpu_blocks="' in m.text

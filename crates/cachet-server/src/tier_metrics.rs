@@ -251,6 +251,26 @@ pub const FAMILIES: &[FamilySpec] = &[
         only: Some(TierKind::Host),
     },
     FamilySpec {
+        name: "cachet:kv_tier_save_buffers",
+        help: "payload buffers the engine's saves copied blocks into: `warm` (recycled or pre-touched memory), `fresh` (allocated on the engine thread: the free list was empty)",
+        split: Split::Values("source", &["warm", "fresh"]),
+        value: Value::Counter(|s, _, source| match source {
+            "warm" => s.buffers.warm,
+            _ => s.buffers.fresh,
+        }),
+        only: None,
+    },
+    FamilySpec {
+        name: "cachet:kv_tier_save_buffers_returned",
+        help: "payload buffers given back to the free list: `recycled` (a host eviction or an encoded Redis value freed them), `pretouched` (allocated and touched by the background filler)",
+        split: Split::Values("source", &["recycled", "pretouched"]),
+        value: Value::Counter(|s, _, source| match source {
+            "recycled" => s.buffers.recycled,
+            _ => s.buffers.pretouched,
+        }),
+        only: None,
+    },
+    FamilySpec {
         name: "cachet:kv_tier_saves_pending",
         help: "Redis saves accepted and not yet written (queue plus the batch in flight)",
         split: Split::None,
@@ -439,6 +459,12 @@ mod tests {
         );
         s.host.blocks_saved = 3;
         s.load_failures.bad_signature = 2;
+        s.buffers = cachet_tiers::BufferStats {
+            warm: 120,
+            fresh: 4,
+            recycled: 100,
+            pretouched: 24,
+        };
         s.redis_up = true;
         s.lookup_delay = hist(cachet_tiers::stats::LOOKUP_DELAY_BUCKETS, vec![0; 12], 0.0);
         let text = render(s, vec![TierKind::Host, TierKind::Redis]);
@@ -458,6 +484,10 @@ mod tests {
             "cachet:kv_tier_blocks_saved_total{model_name=\"m\",engine=\"0\",tier=\"host\"} 3",
             "cachet:kv_tier_load_failures_total{model_name=\"m\",engine=\"0\",cause=\"bad_signature\"} 2",
             "cachet:kv_tier_load_failures_total{model_name=\"m\",engine=\"0\",cause=\"missing\"} 0",
+            "cachet:kv_tier_save_buffers_total{model_name=\"m\",engine=\"0\",source=\"warm\"} 120",
+            "cachet:kv_tier_save_buffers_total{model_name=\"m\",engine=\"0\",source=\"fresh\"} 4",
+            "cachet:kv_tier_save_buffers_returned_total{model_name=\"m\",engine=\"0\",source=\"recycled\"} 100",
+            "cachet:kv_tier_save_buffers_returned_total{model_name=\"m\",engine=\"0\",source=\"pretouched\"} 24",
             "cachet:kv_tier_up{model_name=\"m\",engine=\"0\",tier=\"redis\"} 1",
             "cachet:kv_tier_up{model_name=\"m\",engine=\"0\",tier=\"host\"} 1",
             "cachet:kv_tier_host_bytes{model_name=\"m\",engine=\"0\"} 0",
