@@ -280,14 +280,20 @@ unsafe fn ldv<const CV: bool>(p: *const u8) -> __m256 {
 /// Most vectors of a row in one P·V pass of [`attn_avx2_group`].
 const PV_MAX: usize = 12;
 
+/// Registers a P·V pass of [`attn_avx2_group`] may hold accumulators and broadcast weights
+/// in (the V vector takes one more). With all 16 (4 vectors × 3 rows for the default model)
+/// LLVM spilled one accumulator to the stack inside the position loop, a store-to-load
+/// round trip in its FMA chain: measured (`examples/perf`, `ATTN=2000`, f16, one thread,
+/// median of 5 interleaved) 141 -> 124 us per layer with 15 (2 vectors × 3 rows per pass).
+const PV_REGS: usize = 14;
+
 /// Vectors of a row's P·V accumulators updated per pass over a chunk's positions in
 /// [`attn_avx2_group`]: the largest divisor of `hv` whose accumulators (`sets` per row, one
-/// set, or two for the even/odd sums), the `R · sets` broadcast weights and the V vector fit
-/// the 16 ymm registers.
+/// set, or two for the even/odd sums) and `R · sets` broadcast weights fit [`PV_REGS`].
 const fn pv_block(hv: usize, r: usize, sets: usize) -> usize {
     let mut ib = if hv < PV_MAX { hv } else { PV_MAX };
     while ib > 1 {
-        if hv.is_multiple_of(ib) && r * sets * ib + r * sets < 16 {
+        if hv.is_multiple_of(ib) && r * sets * ib + r * sets <= PV_REGS {
             return ib;
         }
         ib -= 1;
@@ -308,7 +314,9 @@ unsafe fn attn_avx2_group<const HV: usize, const CV: bool, const R: usize>(c: &A
     let hd = c.hd;
     let ng = c.ng;
     let es = if CV { 2 } else { 4 };
-    let rows = R * ng;
+    let gs = c.gs;
+    debug_assert!(gs.is_multiple_of(R));
+    let rows = gs * ng;
     let mut mx = [f32::NEG_INFINITY; 64];
     let mut lsum = [0f32; 64];
     let mut kp = [0usize; CHUNK];
@@ -341,9 +349,11 @@ unsafe fn attn_avx2_group<const HV: usize, const CV: bool, const R: usize>(c: &A
             vrow[j] = c.vb.add(kp[jj]);
         }
         let nr = (end - c0).min(n);
-        for gg in 0..ng {
+        for gsb in 0..ng * (gs / R) {
+            // Group `gg`, its rows `sb · R..(sb + 1) · R`.
+            let (gg, sb) = (gsb / (gs / R), gsb % (gs / R));
             let go = gg * hd * es;
-            let rb = gg * R;
+            let rb = gg * gs + sb * R;
             // The group's queries, scaled as `attn_avx2_rows` scales them; read from memory
             // by the FMAs (R · HV vectors do not fit the registers, K's do one at a time).
             let mut qv = [[_mm256_setzero_ps(); HV]; R];
@@ -363,7 +373,7 @@ unsafe fn attn_avx2_group<const HV: usize, const CV: bool, const R: usize>(c: &A
                     let mut d = [[_mm256_setzero_ps(); 4]; R];
                     for jj in 0..4 {
                         let pj = j + 4 * half + jj;
-                        if pj < CHUNK && kpn[pj] != usize::MAX {
+                        if sb == 0 && kpn[pj] != usize::MAX {
                             let o = kpn[pj] + go;
                             super::prefetch_lines(c.kb.wrapping_add(o), HV * 8 * es);
                             super::prefetch_lines(c.vb.wrapping_add(o), HV * 8 * es);
@@ -428,7 +438,10 @@ unsafe fn attn_avx2_group<const HV: usize, const CV: bool, const R: usize>(c: &A
             // P·V, a few vectors of every row per pass over the positions (the lanes are
             // independent: each accumulator gets the same FMAs in the same order).
             let accg = acc.as_mut_ptr().add(rb * HV);
-            let vg = vrow.map(|p| p.wrapping_add(go));
+            let mut vg = [std::ptr::null::<u8>(); CHUNK];
+            for (vg, v) in vg.iter_mut().zip(&vrow) {
+                *vg = v.wrapping_add(go);
+            }
             if HV < 8 {
                 pv_pass::<HV, CV, R, true>(&vg, nr, &s, &al, accg)
             } else {
