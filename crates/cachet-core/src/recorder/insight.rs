@@ -3,13 +3,17 @@
 //! and each recent request's block lifecycle. Observers like the rest of the recorder: fed by
 //! the scheduler's effects, read by nothing that decides.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
 use super::blocks::{BlockIndex, NONE};
+use super::deferred::{Evictions, Retirement};
+use super::divergence::{ContextTokens, Divergence, DIVERGENCE_CONTEXT};
+use super::hot::Hot;
 use super::shadow::{Shadow, SCALES};
+use super::tenants::Tenants;
 use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
 use crate::hash::BlockHash;
@@ -20,7 +24,7 @@ use crate::{BlockId, TokenId};
 pub use super::blocks::HotPrefix;
 use super::lifecycle::{
     expand, expanded_len, owners_of, release_owners, Ev, Kept, MERGED_RECORDS, NEW_ENTRY,
-    SPARE_BUFFERS, WITH_EVICTED,
+    WITH_EVICTED,
 };
 pub use super::lifecycle::{BlockEvent, BlockEventKind, RequestLifecycle, MAX_BLOCK_EVENTS};
 
@@ -70,96 +74,8 @@ impl Default for InsightConfig {
     }
 }
 
-/// Lifecycles dropped from the history released together ([`Insight::release_retired`]).
-const RETIRE_BATCH: usize = 16;
-
 /// The default shadow set, in pools.
 pub const DEFAULT_SHADOW_POOLS: usize = 6;
-
-/// Tokens shown on each side of a divergence point.
-pub const DIVERGENCE_CONTEXT: usize = 8;
-
-/// Where a request's prompt first differs from the most recently used cached block under the
-/// same parent (same `cache_salt`: other tenants' blocks are invisible), with a few token ids
-/// around it. Its tokens are held inline (no allocation on the admission that finds it).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Divergence {
-    /// Prompt position of the first differing token.
-    pub at: u64,
-    /// Up to [`DIVERGENCE_CONTEXT`] prompt tokens before `at` (the same in both).
-    pub before: ContextTokens,
-    /// The prompt's tokens from `at` (within the block).
-    pub ours: ContextTokens,
-    /// The cached block's tokens from the same position.
-    pub theirs: ContextTokens,
-    /// The request that created the cached block.
-    pub cached_by: Option<Arc<str>>,
-}
-
-/// Up to [`DIVERGENCE_CONTEXT`] token ids held inline; reads as a slice (`Deref`), prints,
-/// serializes and compares as a list of ids.
-#[derive(Clone, Copy, Default, PartialEq, Eq)]
-pub struct ContextTokens {
-    len: u8,
-    ids: [TokenId; DIVERGENCE_CONTEXT],
-}
-
-impl ContextTokens {
-    /// The first [`DIVERGENCE_CONTEXT`] of `ids` (the rest are not kept).
-    pub fn new(ids: &[TokenId]) -> Self {
-        let n = ids.len().min(DIVERGENCE_CONTEXT);
-        let mut t = ContextTokens {
-            len: n as u8,
-            ids: [0; DIVERGENCE_CONTEXT],
-        };
-        t.ids[..n].copy_from_slice(&ids[..n]);
-        t
-    }
-}
-
-impl std::ops::Deref for ContextTokens {
-    type Target = [TokenId];
-    fn deref(&self) -> &[TokenId] {
-        &self.ids[..self.len as usize]
-    }
-}
-
-impl std::fmt::Debug for ContextTokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
-impl PartialEq<Vec<TokenId>> for ContextTokens {
-    fn eq(&self, other: &Vec<TokenId>) -> bool {
-        **self == **other
-    }
-}
-
-impl PartialEq<[TokenId]> for ContextTokens {
-    fn eq(&self, other: &[TokenId]) -> bool {
-        **self == *other
-    }
-}
-
-impl Serialize for ContextTokens {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(self.iter())
-    }
-}
-
-impl<'de> Deserialize<'de> for ContextTokens {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let v = Vec::<TokenId>::deserialize(d)?;
-        if v.len() > DIVERGENCE_CONTEXT {
-            return Err(serde::de::Error::invalid_length(
-                v.len(),
-                &"at most DIVERGENCE_CONTEXT token ids",
-            ));
-        }
-        Ok(ContextTokens::new(&v))
-    }
-}
 
 /// One line of the recent-requests list.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -191,85 +107,6 @@ pub(crate) struct RequestInsight {
     pub shared: bool,
 }
 
-/// What a live request's block boundaries touch of its insight, one cache line by slot: the
-/// lifecycle's buffers, its root key, its creator id and its entries' count. Kept apart from the request's
-/// record (hundreds of bytes, a line the step otherwise does not read) so that a thousand of
-/// them stay in the core's L2.
-#[derive(Debug)]
-#[repr(C, align(64))]
-pub(crate) struct Hot {
-    /// The lifecycle (`None`: not kept).
-    life: Option<Vec<Ev>>,
-    /// The owners of its lifecycle's `evicted` events, each held once.
-    owners: Vec<u32>,
-    root_key: u64,
-    /// The request's id in the block index's creators (`NONE` until it creates an entry).
-    creator: u32,
-    /// Entries it created, each holding `creator` (counted here while it lives).
-    entries: u32,
-    /// Events not kept (over [`MAX_BLOCK_EVENTS`]): past the first line, which holds what
-    /// every block boundary touches.
-    dropped: u32,
-    /// The lifecycle's events, counted once it has [`MERGED_RECORDS`] records (0 before).
-    counted: u32,
-}
-
-impl Default for Hot {
-    fn default() -> Self {
-        Hot {
-            life: None,
-            owners: Vec::new(),
-            root_key: 0,
-            creator: NONE,
-            dropped: 0,
-            entries: 0,
-            counted: 0,
-        }
-    }
-}
-
-impl Hot {
-    /// Record `e`; false when the lifecycle is full (or not kept) and `e` was not recorded.
-    #[inline]
-    fn push(&mut self, e: Ev) -> bool {
-        match self.life.as_mut() {
-            // Below MERGED_RECORDS records the events fit (at most three per record).
-            Some(l) if l.len() < MERGED_RECORDS => {
-                l.push(e);
-                true
-            }
-            Some(_) => self.push_counted(e),
-            None => false,
-        }
-    }
-
-    /// `push` past [`MERGED_RECORDS`] records: by the count of events (records are no longer
-    /// merged).
-    #[cold]
-    #[inline(never)]
-    fn push_counted(&mut self, e: Ev) -> bool {
-        let Some(l) = self.life.as_mut() else {
-            return false;
-        };
-        if self.counted == 0 {
-            self.counted = expanded_len(l) as u32;
-        }
-        if (self.counted as usize) < MAX_BLOCK_EVENTS {
-            l.push(e);
-            self.counted += 1;
-            return true;
-        }
-        self.dropped = self.dropped.saturating_add(1);
-        false
-    }
-
-    /// Whether a merged record may be added or grow (its events fit).
-    #[inline]
-    fn merges(&self) -> bool {
-        self.life.as_ref().is_some_and(|l| l.len() < MERGED_RECORDS)
-    }
-}
-
 /// Digest of the salt and adapter a request's root block is hashed with.
 pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>) -> u64 {
     if cache_salt.is_none() && adapter.is_none() {
@@ -293,38 +130,6 @@ pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>) -> u64 {
     u64::from_le_bytes(w) | 1
 }
 
-#[derive(Debug)]
-struct Tenants {
-    max: usize,
-    index: HashMap<Arc<str>, usize>,
-    list: Vec<TenantTotals>,
-    other: Option<usize>,
-}
-
-impl Tenants {
-    fn index_of(&mut self, t: &Arc<str>) -> usize {
-        if let Some(&i) = self.index.get(t) {
-            return i;
-        }
-        if self.index.len() < self.max {
-            let i = self.list.len();
-            self.list.push(TenantTotals {
-                tenant: t.clone(),
-                ..Default::default()
-            });
-            self.index.insert(t.clone(), i);
-            return i;
-        }
-        *self.other.get_or_insert_with(|| {
-            self.list.push(TenantTotals {
-                tenant: Arc::from("other"),
-                ..Default::default()
-            });
-            self.list.len() - 1
-        })
-    }
-}
-
 /// What the insight adds up (counters go to the recorder's totals).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct LookupInsight {
@@ -341,31 +146,14 @@ pub(crate) struct Insight {
     index: Option<BlockIndex>,
     tenants: Option<Tenants>,
     history: VecDeque<Kept>,
-    /// Lifecycles dropped from the history whose owners' holds (and labels) are not released
-    /// yet: a dropped lifecycle is hundreds of requests old, its owners' lines in the
-    /// creators' table cold, so they are released together, prefetched ahead, once
-    /// [`RETIRE_BATCH`] have gathered ([`Insight::release_retired`]). Nothing reads a hold's
-    /// count but the release that ends it, so releasing late changes no answer.
-    retired: Vec<Kept>,
+    /// Lifecycles dropped from the history, released in batches, and their buffers.
+    retirement: Retirement,
     recent: VecDeque<RecentRequest>,
-    spare: Vec<(Vec<Ev>, Vec<u32>)>,
     /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
     /// are kept).
     hot: Vec<Hot>,
     /// Evictions not yet applied to the block index, in order ([`Insight::flush`]).
-    pending: Vec<PendingEviction>,
-}
-
-/// An eviction the block index has not seen yet: the step's allocations each evict a block
-/// whose entry was created long ago (its line is cold), so they are applied together, their
-/// lines prefetched ahead, before anything reads the index.
-#[derive(Clone, Copy, Debug)]
-struct PendingEviction {
-    block: BlockId,
-    /// The request it was evicted for, and its `evicted` event's place in the request's
-    /// lifecycle (`NONE`: not recorded), whose owner is filled in when applied.
-    slot: u32,
-    event: u32,
+    pending: Evictions,
 }
 
 impl Insight {
@@ -375,18 +163,12 @@ impl Insight {
             block_size,
             shadow: None,
             index: None,
-            tenants: cfg.max_tenant_labels.map(|max| Tenants {
-                max,
-                index: HashMap::new(),
-                list: Vec::new(),
-                other: None,
-            }),
+            tenants: cfg.max_tenant_labels.map(Tenants::new),
             history: VecDeque::new(),
-            retired: Vec::new(),
+            retirement: Retirement::default(),
             recent: VecDeque::new(),
-            spare: Vec::new(),
             hot: Vec::new(),
-            pending: Vec::new(),
+            pending: Evictions::default(),
         }
     }
 
@@ -396,41 +178,8 @@ impl Insight {
     #[inline]
     fn flush(&mut self) {
         if !self.pending.is_empty() {
-            self.flush_pending();
+            self.pending.apply(self.index.as_mut(), &mut self.hot);
         }
-    }
-
-    #[inline(never)]
-    fn flush_pending(&mut self) {
-        const AHEAD: usize = 8;
-        let Some(ix) = self.index.as_mut() else {
-            self.pending.clear();
-            return;
-        };
-        for p in self.pending.iter().take(AHEAD) {
-            ix.prefetch_slot(p.block);
-        }
-        for k in 0..self.pending.len() {
-            if let Some(q) = self.pending.get(k + AHEAD) {
-                ix.prefetch_slot(q.block);
-            }
-            let p = self.pending[k];
-            let owner = ix.evicted(p.block);
-            let hot = (p.event != NONE)
-                .then(|| self.hot.get_mut(p.slot as usize))
-                .flatten();
-            match (hot, owner) {
-                (Some(h), Some(o)) => {
-                    if let Some(e) = h.life.as_mut().and_then(|l| l.get_mut(p.event as usize)) {
-                        e.owner = o;
-                    }
-                    h.owners.push(o);
-                }
-                (None, Some(o)) => ix.creators.release(o),
-                (_, None) => {}
-            }
-        }
-        self.pending.clear();
     }
 
     /// Whether requests have a [`Hot`] state (lifecycles or the block index are kept).
@@ -471,7 +220,7 @@ impl Insight {
         self.flush();
         if self.keeps_hot() {
             let (life, owners) = if self.cfg.request_history > 0 {
-                let (mut v, o) = self.spare.pop().unwrap_or_default();
+                let (mut v, o) = self.retirement.spare();
                 // Each block is hit, or allocated, filled and maybe evicted for.
                 v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
                 (Some(v), o)
@@ -549,18 +298,18 @@ impl Insight {
     }
 
     pub(crate) fn tenant_mut(&mut self, i: Option<usize>) -> Option<&mut TenantTotals> {
-        self.tenants.as_mut()?.list.get_mut(i?)
+        self.tenants.as_mut()?.get_mut(i?)
     }
 
     pub(crate) fn tenant_totals(&self) -> &[TenantTotals] {
-        self.tenants.as_ref().map_or(&[], |t| &t.list)
+        self.tenants.as_ref().map_or(&[], Tenants::list)
     }
 
     pub(crate) fn tenant_name(&self, i: Option<usize>) -> Arc<str> {
         self.tenants
             .as_ref()
-            .and_then(|t| t.list.get(i?))
-            .map_or_else(|| Arc::from("default"), |t| t.tenant.clone())
+            .and_then(|t| t.name(i?))
+            .unwrap_or_else(|| Arc::from("default"))
     }
 
     /// The first admission's lookup, after its allocation was recorded ([`Insight::allocated`],
@@ -768,11 +517,7 @@ impl Insight {
                 }
             }
             if self.index.is_some() {
-                self.pending.push(PendingEviction {
-                    block: e.block,
-                    slot: slot.unwrap_or(NONE),
-                    event,
-                });
+                self.pending.push(e.block, slot.unwrap_or(NONE), event);
             }
         }
         if let Some(sh) = self.shadow.as_mut() {
@@ -1023,15 +768,13 @@ impl Insight {
                 h.finish_reason = reason;
                 h.prompt_tokens = prompt_tokens;
             }
-            self.recycle(events, hot.owners);
+            self.retirement.recycle(events, hot.owners);
             return;
         }
         if self.history.len() >= self.cfg.request_history {
             if let Some(old) = self.history.pop_front() {
-                self.retired.push(old);
-                if self.retired.len() >= RETIRE_BATCH {
-                    self.release_retired();
-                }
+                self.retirement
+                    .retire(old, self.index.as_mut().map(|ix| &mut ix.creators));
             }
         }
         self.history.push_back(Kept {
@@ -1046,46 +789,6 @@ impl Insight {
             owners: hot.owners,
             dropped: u64::from(hot.dropped),
         });
-    }
-
-    /// Release the holds of the retired lifecycles' owners, their lines prefetched ahead, and
-    /// keep their buffers for new requests.
-    #[inline(never)]
-    fn release_retired(&mut self) {
-        const AHEAD: usize = 8;
-        let mut retired = std::mem::take(&mut self.retired);
-        if let Some(ix) = self.index.as_mut() {
-            let c = &mut ix.creators;
-            let owners = || retired.iter().flat_map(|k| k.owners.iter().copied());
-            for o in owners().take(AHEAD) {
-                c.prefetch(o);
-            }
-            for (o, ahead) in owners().zip(
-                owners()
-                    .skip(AHEAD)
-                    .map(Some)
-                    .chain(std::iter::repeat(None)),
-            ) {
-                if let Some(a) = ahead {
-                    c.prefetch(a);
-                }
-                c.release(o);
-            }
-        }
-        for k in retired.drain(..) {
-            self.recycle(k.events, k.owners);
-        }
-        // The (empty) list's room, for the next batch.
-        self.retired = retired;
-    }
-
-    /// Keep a lifecycle buffer whose events are released for a new request.
-    fn recycle(&mut self, mut events: Vec<Ev>, mut owners: Vec<u32>) {
-        if self.spare.len() < SPARE_BUFFERS && events.capacity() > 0 {
-            events.clear();
-            owners.clear();
-            self.spare.push((events, owners));
-        }
     }
 
     pub(crate) fn lifecycle(&self, request_id: &str) -> Option<RequestLifecycle> {
@@ -1120,90 +823,10 @@ impl Insight {
 
     pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
         // Blocks whose eviction has not reached the index yet are not cached.
-        let mut gone: Vec<BlockId> = self.pending.iter().map(|p| p.block).collect();
+        let mut gone: Vec<BlockId> = self.pending.blocks().collect();
         gone.sort_unstable();
         self.index
             .as_ref()
             .map_or_else(Vec::new, |ix| ix.hottest(now, n, &gone))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::lifecycle::{FILL_HASH, WITH_FILLED};
-    use super::*;
-
-    /// A decode block's record: allocated at index `j`, evicting the entry hashed `j + 100`
-    /// (owner 7), filled as a new entry hashed `j + 200`.
-    fn decode_block(j: u32) -> Ev {
-        let mut e = Ev::new(BlockEventKind::Allocated, Some(j), Some(j + 10), None);
-        e.hash = u64::from(j) + 100;
-        e.owner = 7;
-        e.flags |= WITH_EVICTED;
-        assert!(e.takes_fill(j, j + 10));
-        e.fill(Some(u64::from(j) + 200), true);
-        assert!(!e.takes_fill(j, j + 10));
-        e
-    }
-
-    #[test]
-    fn a_merged_record_expands_to_its_three_events_in_order() {
-        let e = decode_block(3);
-        assert_eq!(e.events(), 3);
-        let mut v = Vec::new();
-        e.expand(|x| v.push(x.event(None)));
-        let ev = |event, hash, new_entry| BlockEvent {
-            event,
-            index: Some(3),
-            block: Some(13),
-            hash,
-            new_entry,
-            owner: None,
-        };
-        assert_eq!(
-            v,
-            vec![
-                ev(BlockEventKind::Evicted, Some(103), false),
-                ev(BlockEventKind::Allocated, None, false),
-                ev(BlockEventKind::Filled, Some(203), true),
-            ]
-        );
-        assert_eq!(v.len(), 3);
-        // The owner id stays with the eviction alone.
-        let mut owners = Vec::new();
-        e.expand(|x| owners.push(x.owner));
-        assert_eq!(owners, vec![7, NONE, NONE]);
-        // A fill without a hash sets no FILL_HASH.
-        let mut f = Ev::new(BlockEventKind::Allocated, Some(1), Some(2), None);
-        f.fill(None, false);
-        assert_eq!(f.flags & (WITH_FILLED | FILL_HASH), WITH_FILLED);
-        let mut w = Vec::new();
-        f.expand(|x| w.push(x.event(None)));
-        assert_eq!(w[1].event, BlockEventKind::Filled);
-        assert_eq!((w[1].hash, w[1].new_entry), (None, false));
-    }
-
-    /// 1,365 merged records stand for 4,095 events: one more event fits the 4,096, the next
-    /// two are counted as dropped; past 1,365 records nothing merges.
-    #[test]
-    fn merged_records_keep_the_event_limit() {
-        let mut h = Hot {
-            life: Some(Vec::new()),
-            ..Default::default()
-        };
-        for j in 0..MERGED_RECORDS as u32 {
-            assert!(h.merges());
-            assert!(h.push(decode_block(j)));
-        }
-        assert_eq!(MERGED_RECORDS, 1365);
-        assert!(!h.merges());
-        let plain = Ev::new(BlockEventKind::Hit, Some(0), Some(0), None);
-        assert!(h.push(plain));
-        assert!(!h.push(plain));
-        assert!(!h.push(plain));
-        let l = h.life.as_ref().unwrap();
-        assert_eq!((l.len(), expanded_len(l)), (1366, MAX_BLOCK_EVENTS));
-        assert_eq!((h.counted, h.dropped), (4096, 2));
-        assert_eq!(expand(l).len(), MAX_BLOCK_EVENTS);
     }
 }

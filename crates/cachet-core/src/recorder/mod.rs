@@ -14,16 +14,21 @@
 //! - times: `Admitted` (first scheduling), `Sampled` (first token), `Finished`.
 
 mod blocks;
+mod deferred;
+mod divergence;
+mod hot;
 mod insight;
 mod lifecycle;
 mod shadow;
+mod tenants;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+pub use divergence::{ContextTokens, Divergence, DIVERGENCE_CONTEXT};
 pub use insight::{
-    BlockEvent, BlockEventKind, ContextTokens, Divergence, HotPrefix, InsightConfig, RecentRequest,
-    RequestLifecycle, DIVERGENCE_CONTEXT, MAX_BLOCK_EVENTS, RECENT_REQUESTS,
+    BlockEvent, BlockEventKind, HotPrefix, InsightConfig, RecentRequest, RequestLifecycle,
+    MAX_BLOCK_EVENTS, RECENT_REQUESTS,
 };
 
 use crate::connector::TierTag;
