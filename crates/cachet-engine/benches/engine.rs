@@ -138,9 +138,13 @@ fn median(v: &[f64]) -> f64 {
 /// median and range. The machine's drift (other processes, the CPU's clock) then falls on
 /// both alike, which two criterion runs one after the other cannot promise. Each block
 /// follows one of the other workload (so each starts with the caches the other left: the
-/// same for both).
+/// same for both). `CACHET_BLOCK` sets the block's steps (1,000 unless told): shorter blocks
+/// put the two closer in time, so the bursts of another process's load fall on both alike.
 fn interleaved(rounds: usize) {
-    const BLOCK: usize = 1000;
+    let block: usize = std::env::var("CACHET_BLOCK")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000);
     let mut on = Runner::new(true, InsightConfig::off());
     let mut full = Runner::new(true, ablated(InsightConfig::full()));
     // Past the first generation of requests (64-191 tokens): the steady state.
@@ -149,8 +153,8 @@ fn interleaved(rounds: usize) {
     let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
     println!("round  on µs/step  on_insight µs/step  ratio");
     for i in 0..rounds {
-        let x = on.steps(BLOCK);
-        let y = full.steps(BLOCK);
+        let x = on.steps(block);
+        let y = full.steps(block);
         println!("{i:5}  {x:10.1}  {y:18.1}  {:.3}", y / x);
         a.push(x);
         b.push(y);
@@ -159,7 +163,7 @@ fn interleaved(rounds: usize) {
     let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
     let hi = r.iter().copied().fold(0.0, f64::max);
     println!(
-        "median  {:10.1}  {:18.1}  {:.3}  (ratio min {lo:.3}, max {hi:.3}, {rounds} rounds of {BLOCK} steps each)",
+        "median  {:10.1}  {:18.1}  {:.3}  (ratio min {lo:.3}, max {hi:.3}, {rounds} rounds of {block} steps each)",
         median(&a),
         median(&b),
         median(&r)
