@@ -162,25 +162,12 @@ unsafe fn attn_512_rows<const HV: usize, const CV: bool, const SCR: bool>(c: &At
     let mut c0 = c.p0;
     while c0 < c.ctx {
         let n = (c.ctx - c0).min(CHUNK);
-        c.offsets(c0, &mut kp[..n]);
-        c.prefetch(c0 + n, CHUNK, pv * 16 * if c.is_f16 { 2 } else { 4 });
-        for j in 0..CHUNK {
-            let jj = if j < n { j } else { 0 };
-            if SCR {
-                if j < n {
-                    let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
-                    for i in 0..pv {
-                        kbuf[j * pv + i] = ld512(kr.add(32 * i), true);
-                        vbuf[j * pv + i] = ld512(vr.add(32 * i), true);
-                    }
-                }
-                krow[j] = kbuf.as_ptr().add(jj * pv) as *const u8;
-                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const u8;
-            } else {
-                krow[j] = c.kb.add(kp[jj]);
-                vrow[j] = c.vb.add(kp[jj]);
-            }
-        }
+        let chunk = ChunkRows {
+            kp: &mut kp,
+            krow: &mut krow,
+            vrow: &mut vrow,
+        };
+        chunk_rows::<SCR>(c, c0, n, pv, kbuf, vbuf, chunk);
         for r in 0..rows {
             let (ti, h) = (r / per_tok, r % per_tok);
             // This row's group within the position rows: `go` bytes in.
@@ -287,6 +274,48 @@ unsafe fn attn_512_rows<const HV: usize, const CV: bool, const SCR: bool>(c: &At
     ATTN_SCRATCH.set(scratch);
 }
 
+/// A chunk's position arrays: byte offsets, and the K and V row each position reads.
+struct ChunkRows<'a> {
+    kp: &'a mut [usize; CHUNK],
+    krow: &'a mut [*const u8; CHUNK],
+    vrow: &'a mut [*const u8; CHUNK],
+}
+
+/// Points the chunk's `n` positions from `c0` at their K/V rows (positions past `n` at the
+/// first one, never read unmasked) and prefetches the next chunk: with `SCR` the rows are
+/// first converted from f16 into the f32 scratch `kbuf`/`vbuf` (`pv` vectors a position).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn chunk_rows<const SCR: bool>(
+    c: &AttnCtx,
+    c0: usize,
+    n: usize,
+    pv: usize,
+    kbuf: &mut [__m512],
+    vbuf: &mut [__m512],
+    r: ChunkRows,
+) {
+    c.offsets(c0, &mut r.kp[..n]);
+    c.prefetch(c0 + n, CHUNK, pv * 16 * if c.is_f16 { 2 } else { 4 });
+    for j in 0..CHUNK {
+        let jj = if j < n { j } else { 0 };
+        if SCR {
+            if j < n {
+                let (kr, vr) = (c.kb.add(r.kp[j]), c.vb.add(r.kp[j]));
+                for i in 0..pv {
+                    kbuf[j * pv + i] = ld512(kr.add(32 * i), true);
+                    vbuf[j * pv + i] = ld512(vr.add(32 * i), true);
+                }
+            }
+            r.krow[j] = kbuf.as_ptr().add(jj * pv) as *const u8;
+            r.vrow[j] = vbuf.as_ptr().add(jj * pv) as *const u8;
+        } else {
+            r.krow[j] = c.kb.add(r.kp[jj]);
+            r.vrow[j] = c.vb.add(r.kp[jj]);
+        }
+    }
+}
+
 /// [`attn_512_rows`] for one query token whose `R` = gs heads per kv group are computed
 /// together: each position's K and V vectors are loaded (and converted) once per group and
 /// used by all `R` rows, instead of once per row. Every row's arithmetic is that of
@@ -391,25 +420,12 @@ unsafe fn attn_512_tile<const HV: usize, const SCR: bool>(c: &AttnCtx) {
     let mut c0 = c.p0;
     while c0 < last {
         let n = (c.ctx - c0).min(CHUNK);
-        c.offsets(c0, &mut kp[..n]);
-        c.prefetch(c0 + n, CHUNK, pv * 16 * if c.is_f16 { 2 } else { 4 });
-        for j in 0..CHUNK {
-            let jj = if j < n { j } else { 0 };
-            if SCR {
-                if j < n {
-                    let (kr, vr) = (c.kb.add(kp[j]), c.vb.add(kp[j]));
-                    for i in 0..pv {
-                        kbuf[j * pv + i] = ld512(kr.add(32 * i), true);
-                        vbuf[j * pv + i] = ld512(vr.add(32 * i), true);
-                    }
-                }
-                krow[j] = kbuf.as_ptr().add(jj * pv) as *const u8;
-                vrow[j] = vbuf.as_ptr().add(jj * pv) as *const u8;
-            } else {
-                krow[j] = c.kb.add(kp[jj]);
-                vrow[j] = c.vb.add(kp[jj]);
-            }
-        }
+        let chunk = ChunkRows {
+            kp: &mut kp,
+            krow: &mut krow,
+            vrow: &mut vrow,
+        };
+        chunk_rows::<SCR>(c, c0, n, pv, kbuf, vbuf, chunk);
         let row_nr = |r: usize| row_end[r].saturating_sub(c0).min(n);
         let mut r = 0;
         while r < rows {

@@ -284,7 +284,13 @@ mod tests {
     /// Two layers, blocks of 3 elements: element `i` of layer `l`'s K holds `l*100 + i`, V the
     /// negation.
     fn arena_f16() -> Arena {
-        let mut layers = new_layers::<half::f16>(2, 3 * 4);
+        arena_f16_layers(2)
+    }
+
+    /// `n` layers, 4 blocks of 3 elements, element `i` of layer `l`'s K holding `l*100 + i`
+    /// and V the negation (five layers: an odd count, split 3 + 2 over two threads).
+    fn arena_f16_layers(n: usize) -> Arena {
+        let mut layers = new_layers::<half::f16>(n, 3 * 4);
         for (l, layer) in layers.iter_mut().enumerate() {
             for i in 0..12 {
                 layer.k[i] = half::f16::from_f32((l * 100 + i) as f32);
@@ -349,22 +355,10 @@ mod tests {
         assert_eq!(layers[0].v, [0.0, 0.0, 0.25, 8.0]);
     }
 
-    /// Five layers (an odd count, split 3 + 2 over two threads), blocks of 3 elements, 4 blocks.
-    fn arena_5_layers() -> Arena {
-        let mut layers = new_layers::<half::f16>(5, 3 * 4);
-        for (l, layer) in layers.iter_mut().enumerate() {
-            for i in 0..12 {
-                layer.k[i] = half::f16::from_f32((l * 100 + i) as f32);
-                layer.v[i] = half::f16::from_f32(-((l * 100 + i) as f32));
-            }
-        }
-        Arena::F16(layers)
-    }
-
     #[test]
     fn saves_and_loads_spread_over_threads_are_the_one_block_ones() {
         let pool = ThreadPool::new(2);
-        let a = arena_5_layers();
+        let a = arena_f16_layers(5);
         // Three blocks (split 2 + 1 over the threads), each appended after a marker byte.
         let blocks = [2, 0, 3];
         let mut outs = vec![vec![7u8]; 3];
