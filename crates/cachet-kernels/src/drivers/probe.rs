@@ -16,7 +16,7 @@ use crate::pool::ThreadPool;
 pub struct Limits {
     pub threads: usize,
     /// Int8 multiply-add peak per usable level, GOP/s (`None` where no probe exists: the
-    /// scalar level; the AMX level reports its AVX-512 VNNI peak, tiles are not probed).
+    /// scalar level; the AMX level's is the tile unit's `tdpbsud` throughput).
     pub int8_gops: Vec<(Isa, Option<f64>)>,
     /// f32 FMA peak per usable level, GFLOP/s.
     pub f32_gflops: Vec<(Isa, Option<f64>)>,
@@ -100,9 +100,9 @@ pub fn int8_peak(pool: &ThreadPool, level: Isa) -> Option<f64> {
             Isa::Scalar => return None,
             Isa::Avx2 => best_rate(pool, &|n| unsafe { peak::avx2_maddubs(n, seed) }.0),
             Isa::Avx2Vnni => best_rate(pool, &|n| unsafe { peak::avx_vnni_dpbusd(n, seed) }.0),
-            Isa::Avx512 | Isa::Amx => {
-                best_rate(pool, &|n| unsafe { peak::avx512_dpbusd(n, seed) }.0)
-            }
+            Isa::Avx512 => best_rate(pool, &|n| unsafe { peak::avx512_dpbusd(n, seed) }.0),
+            // The tile unit's own peak: the AMX kernels' matmuls are measured against it.
+            Isa::Amx => best_rate(pool, &|n| unsafe { peak::amx_dpbsud(n, seed) }.0),
         };
         Some(2.0 * macs / 1e9)
     }

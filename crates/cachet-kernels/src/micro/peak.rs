@@ -84,6 +84,74 @@ pub(crate) unsafe fn avx512_dpbusd(iters: usize, seed: i8) -> (u64, i64) {
     )
 }
 
+/// `tdpbsud` on full tiles (AMX-INT8): 16 × 16 × 64 = 16,384 multiply-adds each. Four
+/// accumulator tiles (tmm0-3) are fed by two A tiles (tmm4-5) and two B tiles (tmm6-7), the
+/// 2 × 2 blocking a GEMM kernel uses, all in tile registers (no loads in the loop), so this is
+/// the tile unit's throughput, not the memory system's.
+///
+/// # Safety
+/// AMX-TILE and AMX-INT8 must be present, tile state enabled by the OS and granted to this
+/// process (what [`crate::isa`] checks before it offers the AMX level).
+pub(crate) unsafe fn amx_dpbsud(iters: usize, seed: i8) -> (u64, i64) {
+    use std::arch::asm;
+    // Palette 1, every one of the 8 tiles 16 rows × 64 bytes.
+    let mut cfg = crate::util::A64([0; 64]);
+    cfg.0[0] = 1;
+    for t in 0..8 {
+        cfg.0[16 + 2 * t..18 + 2 * t].copy_from_slice(&64u16.to_le_bytes());
+        cfg.0[48 + t] = 16;
+    }
+    let src = crate::util::A64([seed as u8; 64]);
+    let mut out = [crate::util::A64([0; 64]); 16];
+    asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+    // Stride 0: every row of A and B is the same 64 seed bytes.
+    asm!(
+        "tileloadd tmm4, [{p} + {z} * 1]",
+        "tileloadd tmm5, [{p} + {z} * 1]",
+        "tileloadd tmm6, [{p} + {z} * 1]",
+        "tileloadd tmm7, [{p} + {z} * 1]",
+        "tilezero tmm0",
+        "tilezero tmm1",
+        "tilezero tmm2",
+        "tilezero tmm3",
+        p = in(reg) src.0.as_ptr(),
+        z = in(reg) 0usize,
+        options(nostack, readonly)
+    );
+    for _ in 0..iters {
+        asm!(
+            "tdpbsud tmm0, tmm4, tmm6",
+            "tdpbsud tmm1, tmm4, tmm7",
+            "tdpbsud tmm2, tmm5, tmm6",
+            "tdpbsud tmm3, tmm5, tmm7",
+            options(nostack, nomem)
+        );
+    }
+    let mut sum = 0i64;
+    for t in 0..4 {
+        let p = out.as_mut_ptr() as *mut u8;
+        match t {
+            0 => {
+                asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            }
+            1 => {
+                asm!("tilestored [{p} + {s} * 1], tmm1", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            }
+            2 => {
+                asm!("tilestored [{p} + {s} * 1], tmm2", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            }
+            _ => {
+                asm!("tilestored [{p} + {s} * 1], tmm3", p = in(reg) p, s = in(reg) 64usize, options(nostack))
+            }
+        }
+        for row in &out {
+            sum += i32::from_le_bytes([row.0[0], row.0[1], row.0[2], row.0[3]]) as i64;
+        }
+    }
+    asm!("tilerelease", options(nostack, nomem));
+    ((iters * 4 * 16 * 16 * 64) as u64, std::hint::black_box(sum))
+}
+
 /// `vfmadd` on 256-bit registers: 8 f32 multiply-adds each.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn avx2_fma(iters: usize, seed: f32) -> (u64, f64) {
