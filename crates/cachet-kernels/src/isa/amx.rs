@@ -13,14 +13,18 @@ use crate::util::A64;
 pub(crate) struct TileCfg([u8; 64]);
 
 impl TileCfg {
-    /// tmm0 = C (`mr` × 16 i32), tmm1 = A (`mr` × `k` i8), tmm2 = B (`k / 4` × 64 u8).
+    /// Two sets of the same three tiles: set `s` has C = tmm`3s` (`mr` × 16 i32), A =
+    /// tmm`3s+1` (`mr` × `k` i8), B = tmm`3s+2` (`k / 4` × 64 u8).
     pub(crate) fn new(mr: usize, k: usize) -> TileCfg {
         debug_assert!((1..=16).contains(&mr) && k.is_multiple_of(4) && (4..=64).contains(&k));
         let mut c = [0u8; 64];
         c[0] = 1;
-        for (t, rows, colsb) in [(0, mr, 64), (1, mr, k), (2, k / 4, 64)] {
-            c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(colsb as u16).to_le_bytes());
-            c[48 + t] = rows as u8;
+        for set in 0..SETS {
+            for (t, rows, colsb) in [(0, mr, 64), (1, mr, k), (2, k / 4, 64)] {
+                let t = 3 * set + t;
+                c[16 + 2 * t..18 + 2 * t].copy_from_slice(&(colsb as u16).to_le_bytes());
+                c[48 + t] = rows as u8;
+            }
         }
         TileCfg(c)
     }
@@ -34,19 +38,25 @@ impl TileCfg {
     }
 }
 
-/// The tile operations the kernel uses, with fixed roles: tmm0 = C, tmm1 = A, tmm2 = B.
+/// Tile sets: the kernel runs block `b + 1`'s product on one set while it folds block `b`'s
+/// sums, stored from the other (one set would make each product wait for the previous
+/// block's store).
+pub(crate) const SETS: usize = 2;
+
+/// The tile operations the kernel uses, with fixed roles in each of the [`SETS`] sets `s`:
+/// tmm`3s` = C, tmm`3s+1` = A, tmm`3s+2` = B. A set index of 1 or more means set 1.
 ///
 /// # Safety
 /// Implementations read and write raw pointers: `load_*` reads `rows` rows of `colsb` bytes
 /// at `p + r * stride`, `store_c` writes them; the caller guarantees those ranges are valid.
 pub(crate) unsafe trait Tiles {
     unsafe fn config(&mut self, cfg: &TileCfg);
-    unsafe fn zero_c(&mut self);
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize);
-    unsafe fn load_b(&mut self, p: *const u8, stride: usize);
+    unsafe fn zero_c(&mut self, s: usize);
+    unsafe fn load_a(&mut self, s: usize, p: *const u8, stride: usize);
+    unsafe fn load_b(&mut self, s: usize, p: *const u8, stride: usize);
     /// `C += A · B` (signed bytes of A × unsigned bytes of B, int32 sums).
-    unsafe fn dp(&mut self);
-    unsafe fn store_c(&mut self, p: *mut u8, stride: usize);
+    unsafe fn dp(&mut self, s: usize);
+    unsafe fn store_c(&mut self, s: usize, p: *mut u8, stride: usize);
     unsafe fn release(&mut self);
 }
 
@@ -64,27 +74,50 @@ unsafe impl Tiles for Hw {
         asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
     }
     #[inline(always)]
-    unsafe fn zero_c(&mut self) {
-        asm!("tilezero tmm0", options(nostack, nomem));
+    unsafe fn zero_c(&mut self, s: usize) {
+        if s == 0 {
+            asm!("tilezero tmm0", options(nostack, nomem));
+        } else {
+            asm!("tilezero tmm3", options(nostack, nomem));
+        }
     }
     #[inline(always)]
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize) {
-        asm!("tileloadd tmm1, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-            options(nostack, readonly));
+    unsafe fn load_a(&mut self, s: usize, p: *const u8, stride: usize) {
+        if s == 0 {
+            asm!("tileloadd tmm1, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly));
+        } else {
+            asm!("tileloadd tmm4, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly));
+        }
     }
     #[inline(always)]
-    unsafe fn load_b(&mut self, p: *const u8, stride: usize) {
-        asm!("tileloadd tmm2, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-            options(nostack, readonly));
+    unsafe fn load_b(&mut self, s: usize, p: *const u8, stride: usize) {
+        if s == 0 {
+            asm!("tileloadd tmm2, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly));
+        } else {
+            asm!("tileloadd tmm5, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly));
+        }
     }
     #[inline(always)]
-    unsafe fn dp(&mut self) {
-        asm!("tdpbsud tmm0, tmm1, tmm2", options(nostack, nomem));
+    unsafe fn dp(&mut self, s: usize) {
+        if s == 0 {
+            asm!("tdpbsud tmm0, tmm1, tmm2", options(nostack, nomem));
+        } else {
+            asm!("tdpbsud tmm3, tmm4, tmm5", options(nostack, nomem));
+        }
     }
     #[inline(always)]
-    unsafe fn store_c(&mut self, p: *mut u8, stride: usize) {
-        asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) stride,
-            options(nostack));
+    unsafe fn store_c(&mut self, s: usize, p: *mut u8, stride: usize) {
+        if s == 0 {
+            asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) stride,
+                options(nostack));
+        } else {
+            asm!("tilestored [{p} + {s} * 1], tmm3", p = in(reg) p, s = in(reg) stride,
+                options(nostack));
+        }
     }
     #[inline(always)]
     unsafe fn release(&mut self) {
@@ -96,19 +129,24 @@ unsafe impl Tiles for Hw {
 /// Panics where the hardware raises `#UD`: unconfigured tiles and mismatched shapes.
 pub(crate) struct Emu {
     cfg: Option<TileCfg>,
-    t: [[u8; 1024]; 3],
+    t: [[u8; 1024]; 3 * SETS],
 }
 
 impl Default for Emu {
     fn default() -> Self {
         Emu {
             cfg: None,
-            t: [[0; 1024]; 3],
+            t: [[0; 1024]; 3 * SETS],
         }
     }
 }
 
 impl Emu {
+    /// The C tile of set `s` (as the hardware: any `s` past 0 is set 1).
+    fn base(s: usize) -> usize {
+        3 * s.min(SETS - 1)
+    }
+
     fn shape(&self, t: usize) -> (usize, usize) {
         let c = self
             .cfg
@@ -140,48 +178,51 @@ unsafe impl Tiles for Emu {
     unsafe fn config(&mut self, cfg: &TileCfg) {
         assert_eq!(cfg.0[0], 1, "palette");
         self.cfg = Some(TileCfg(cfg.0));
-        self.t = [[0; 1024]; 3];
+        self.t = [[0; 1024]; 3 * SETS];
     }
-    unsafe fn zero_c(&mut self) {
-        self.shape(0);
-        self.t[0] = [0; 1024];
+    unsafe fn zero_c(&mut self, s: usize) {
+        let c = Emu::base(s);
+        self.shape(c);
+        self.t[c] = [0; 1024];
     }
-    unsafe fn load_a(&mut self, p: *const u8, stride: usize) {
-        self.load(1, p, stride)
+    unsafe fn load_a(&mut self, s: usize, p: *const u8, stride: usize) {
+        self.load(Emu::base(s) + 1, p, stride)
     }
-    unsafe fn load_b(&mut self, p: *const u8, stride: usize) {
-        self.load(2, p, stride)
+    unsafe fn load_b(&mut self, s: usize, p: *const u8, stride: usize) {
+        self.load(Emu::base(s) + 2, p, stride)
     }
-    unsafe fn dp(&mut self) {
-        let ((cr, cc), (ar, ac), (br, bc)) = (self.shape(0), self.shape(1), self.shape(2));
+    unsafe fn dp(&mut self, s: usize) {
+        let (c, a, b) = (Emu::base(s), Emu::base(s) + 1, Emu::base(s) + 2);
+        let ((cr, cc), (ar, ac), (br, bc)) = (self.shape(c), self.shape(a), self.shape(b));
         assert!(cr == ar && cc == bc && ac == 4 * br, "tdpbsud shapes (#UD)");
         for m in 0..cr {
             for n in 0..cc / 4 {
                 let mut sum = i32::from_le_bytes(
-                    self.t[0][64 * m + 4 * n..64 * m + 4 * n + 4]
+                    self.t[c][64 * m + 4 * n..64 * m + 4 * n + 4]
                         .try_into()
                         .expect("4 bytes"),
                 );
                 for k in 0..br {
                     for i in 0..4 {
-                        let a = self.t[1][64 * m + 4 * k + i] as i8 as i32;
-                        let b = self.t[2][64 * k + 4 * n + i] as i32;
+                        let a = self.t[a][64 * m + 4 * k + i] as i8 as i32;
+                        let b = self.t[b][64 * k + 4 * n + i] as i32;
                         sum = sum.wrapping_add(a * b);
                     }
                 }
-                self.t[0][64 * m + 4 * n..64 * m + 4 * n + 4].copy_from_slice(&sum.to_le_bytes());
+                self.t[c][64 * m + 4 * n..64 * m + 4 * n + 4].copy_from_slice(&sum.to_le_bytes());
             }
         }
     }
-    unsafe fn store_c(&mut self, p: *mut u8, stride: usize) {
-        let (rows, colsb) = self.shape(0);
+    unsafe fn store_c(&mut self, s: usize, p: *mut u8, stride: usize) {
+        let c = Emu::base(s);
+        let (rows, colsb) = self.shape(c);
         for r in 0..rows {
-            std::ptr::copy_nonoverlapping(self.t[0][64 * r..].as_ptr(), p.add(r * stride), colsb);
+            std::ptr::copy_nonoverlapping(self.t[c][64 * r..].as_ptr(), p.add(r * stride), colsb);
         }
     }
     unsafe fn release(&mut self) {
         self.cfg = None;
-        self.t = [[0; 1024]; 3];
+        self.t = [[0; 1024]; 3 * SETS];
     }
 }
 
@@ -192,22 +233,40 @@ pub(crate) fn self_test() -> bool {
     let a: Vec<u8> = (0..16 * 64).map(|i| (i * 37 + 11) as u8).collect();
     let b: Vec<u8> = (0..16 * 64).map(|i| (i * 101 + 7) as u8).collect();
     let cfg = TileCfg::new(16, 64);
-    let (mut hw, mut model) = ([A64([0; 64]); 16], [A64([0; 64]); 16]);
-    // SAFETY: the caller checked AMX support and permission; buffers are 16 rows of 64 bytes.
-    unsafe {
-        product(&mut Hw, &cfg, &a, &b, &mut hw);
-        product(&mut Emu::default(), &cfg, &a, &b, &mut model);
-    }
-    hw.iter().zip(&model).all(|(h, m)| h.0 == m.0)
+    (0..SETS).all(|set| {
+        let (mut hw, mut model) = ([A64([0; 64]); 16], [A64([0; 64]); 16]);
+        // SAFETY: the caller checked AMX support and permission; buffers are 16 rows of 64
+        // bytes.
+        unsafe {
+            product(&mut Hw, set, &cfg, &a, &b, &mut hw);
+            product(&mut Emu::default(), set, &cfg, &a, &b, &mut model);
+        }
+        hw.iter().zip(&model).all(|(h, m)| h.0 == m.0)
+    })
 }
 
-unsafe fn product<T: Tiles>(t: &mut T, cfg: &TileCfg, a: &[u8], b: &[u8], c: &mut [A64; 16]) {
+/// One product on tile set `set`; the other set is loaded with different data first, so a
+/// set that read or wrote the other's tiles would give a wrong product.
+unsafe fn product<T: Tiles>(
+    t: &mut T,
+    set: usize,
+    cfg: &TileCfg,
+    a: &[u8],
+    b: &[u8],
+    c: &mut [A64; 16],
+) {
+    let other = 1 - set.min(1);
+    let junk = [0x5Au8; 1024];
     t.config(cfg);
-    t.zero_c();
-    t.load_a(a.as_ptr(), 64);
-    t.load_b(b.as_ptr(), 64);
-    t.dp();
-    t.store_c(c.as_mut_ptr() as *mut u8, 64);
+    t.zero_c(other);
+    t.load_a(other, junk.as_ptr(), 64);
+    t.load_b(other, junk.as_ptr(), 64);
+    t.zero_c(set);
+    t.load_a(set, a.as_ptr(), 64);
+    t.load_b(set, b.as_ptr(), 64);
+    t.dp(other);
+    t.dp(set);
+    t.store_c(set, c.as_mut_ptr() as *mut u8, 64);
     t.release();
 }
 
@@ -222,13 +281,20 @@ mod tests {
     fn emulator_matches_hand_computed_product() {
         let a: Vec<u8> = (0..16 * 64).map(|i| ((i / 64) as i8 - 8) as u8).collect();
         let b: Vec<u8> = (0..16 * 64).map(|i| ((i % 64) / 4) as u8).collect();
-        let mut c = [A64([0; 64]); 16];
-        // SAFETY: 16 rows of 64 bytes each.
-        unsafe { product(&mut Emu::default(), &TileCfg::new(16, 64), &a, &b, &mut c) };
-        for (m, row) in c.iter().enumerate() {
-            for n in 0..16 {
-                let got = i32::from_le_bytes(row.0[4 * n..4 * n + 4].try_into().unwrap());
-                assert_eq!(got, 64 * (m as i32 - 8) * n as i32, "C[{m}][{n}]");
+        for set in 0..SETS {
+            let mut c = [A64([0; 64]); 16];
+            let cfg = TileCfg::new(16, 64);
+            // SAFETY: 16 rows of 64 bytes each.
+            unsafe { product(&mut Emu::default(), set, &cfg, &a, &b, &mut c) };
+            for (m, row) in c.iter().enumerate() {
+                for n in 0..16 {
+                    let got = i32::from_le_bytes(row.0[4 * n..4 * n + 4].try_into().unwrap());
+                    assert_eq!(
+                        got,
+                        64 * (m as i32 - 8) * n as i32,
+                        "set {set}: C[{m}][{n}]"
+                    );
+                }
             }
         }
     }
@@ -243,10 +309,10 @@ mod tests {
         // SAFETY: buffers hold 16 rows of 64 bytes.
         unsafe {
             t.config(&cfg);
-            t.zero_c();
-            t.load_a(a.as_ptr(), 64);
-            t.load_b(b.as_ptr(), 64);
-            t.dp();
+            t.zero_c(0);
+            t.load_a(0, a.as_ptr(), 64);
+            t.load_b(0, b.as_ptr(), 64);
+            t.dp(0);
         }
     }
 }

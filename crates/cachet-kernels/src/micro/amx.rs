@@ -22,7 +22,7 @@ use std::cell::RefCell;
 use super::avx512::{block_scales_512, fold_block_512};
 use crate::formats::act::QAct;
 use crate::formats::packed::{Fmt, PFmt, Packed, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP};
-use crate::isa::amx::{TileCfg, Tiles};
+use crate::isa::amx::{TileCfg, Tiles, SETS};
 use crate::util::{SendPtr, A64};
 
 /// Activation rows per tile (the AMX tile height).
@@ -84,7 +84,8 @@ unsafe fn kernel_inner<F: Fmt, T: Tiles>(tiles: &mut T, job: &Job, unpacked: *mu
     let (cols, anb) = (a.cols, a.nb);
     let m4 = _mm512_set1_epi8(0x0F);
     let negoff = _mm512_set1_ps(-(F::OFF as f32));
-    let mut cbuf = [A64([0; 64]); TM];
+    // One 16-row C store per tile set (see `SETS`).
+    let mut cbuf = [A64([0; 64]); TM * SETS];
     let cp = cbuf.as_mut_ptr() as *mut u8;
     let mut configured = 0;
     for g in job.g0..job.g1 {
@@ -112,26 +113,25 @@ unsafe fn kernel_inner<F: Fmt, T: Tiles>(tiles: &mut T, job: &Job, unpacked: *mu
             let xq = a.q.as_ptr().add(i0 * cols) as *const u8;
             let xd = a.d.as_ptr().add(i0 * anb);
             let xs = a.s.as_ptr().add(i0 * anb);
-            let mut acc = [_mm512_setzero_ps(); TM];
-            for b in 0..nb {
-                tiles.zero_c();
-                tiles.load_a(xq.add(b * F::BK), cols);
-                let bsrc = if F::NIB {
-                    unpacked.add(b * 512) as *const u8
-                } else {
-                    w.add(b * F::STRIDE)
-                };
-                tiles.load_b(bsrc, 64);
-                tiles.dp();
-                tiles.store_c(cp, 64);
-                // The VNNI kernel's scales and block fold: bit-identical results.
-                let (d, c) = block_scales_512::<F>(w.add(b * F::STRIDE), negoff);
-                for (i, acc) in acc.iter_mut().enumerate().take(mr) {
-                    let sums = _mm512_load_si512(cp.add(64 * i) as *const _);
-                    let (dx, sx) = (*xd.add(i * anb + b), *xs.add(i * anb + b));
-                    *acc = fold_block_512(*acc, sums, d, dx, c, sx);
-                }
-            }
+            let rt = RowTile {
+                xq,
+                xd,
+                xs,
+                cols,
+                anb,
+                mr,
+                w,
+                unpacked,
+                cp,
+                negoff,
+            };
+            // A full tile's fold has a constant row count, so its accumulators stay in
+            // registers.
+            let acc = if mr == TM {
+                row_tile::<F, T, true>(tiles, &rt, nb)
+            } else {
+                row_tile::<F, T, false>(tiles, &rt, nb)
+            };
             let mask = if nvalid >= GROUP {
                 0xFFFF
             } else {
@@ -145,4 +145,64 @@ unsafe fn kernel_inner<F: Fmt, T: Tiles>(tiles: &mut T, job: &Job, unpacked: *mu
         }
     }
     tiles.release();
+}
+
+/// What [`row_tile`] reads: one tile of activation rows (`mr` of them at `xq`, with their
+/// block scales `xd`, `xs`), one weight group (`w`, or its unpacked B tiles), and the C
+/// buffers of the tile sets.
+struct RowTile {
+    xq: *const u8,
+    xd: *const f32,
+    xs: *const f32,
+    cols: usize,
+    anb: usize,
+    mr: usize,
+    w: *const u8,
+    unpacked: *const u8,
+    cp: *mut u8,
+    negoff: __m512,
+}
+
+/// One row tile × one weight group over all `nb` blocks: each block's product on tile set
+/// `b % SETS`, issued before the previous block's fold (so the tile unit works while the
+/// vector unit folds), then folded with the VNNI kernel's scales and operations in its order
+/// (bit-identical results). `FULL`: `mr == TM`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn row_tile<F: Fmt, T: Tiles, const FULL: bool>(
+    tiles: &mut T,
+    t: &RowTile,
+    nb: usize,
+) -> [__m512; TM] {
+    let rows = if FULL { TM } else { t.mr };
+    let product = |tiles: &mut T, b: usize| {
+        let s = b % SETS;
+        tiles.zero_c(s);
+        tiles.load_a(s, t.xq.add(b * F::BK), t.cols);
+        let bsrc = if F::NIB {
+            t.unpacked.add(b * 512)
+        } else {
+            t.w.add(b * F::STRIDE)
+        };
+        tiles.load_b(s, bsrc, 64);
+        tiles.dp(s);
+        tiles.store_c(s, t.cp.add(s * TM * 64), 64);
+    };
+    let mut acc = [_mm512_setzero_ps(); TM];
+    if nb > 0 {
+        product(tiles, 0);
+    }
+    for b in 0..nb {
+        if b + 1 < nb {
+            product(tiles, b + 1);
+        }
+        let c_b = t.cp.add((b % SETS) * TM * 64);
+        let (d, c) = block_scales_512::<F>(t.w.add(b * F::STRIDE), t.negoff);
+        for (i, acc) in acc.iter_mut().enumerate().take(rows) {
+            let sums = _mm512_load_si512(c_b.add(64 * i) as *const _);
+            let (dx, sx) = (*t.xd.add(i * t.anb + b), *t.xs.add(i * t.anb + b));
+            *acc = fold_block_512(*acc, sums, d, dx, c, sx);
+        }
+    }
+    acc
 }
