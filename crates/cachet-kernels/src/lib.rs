@@ -14,7 +14,7 @@
 //!    VNNI, AMX tiles), each depending only on the formats and the ISA primitives.
 //! 4. **Drivers** — [`QMatrix::matmul`] (activations quantized to int8 once per call, the
 //!    matmul cut into (weight groups × activation-row tiles) pool tasks; the same
-//!    micro-kernel serves decode and batched prefill; AMX tiles for 8+ activation rows,
+//!    micro-kernel serves decode and batched prefill; AMX tiles for 32+ activation rows,
 //!    bit-identical to VNNI), [`attention`] (paged attention over the block arena, chunked
 //!    online softmax, one K/V read per GQA group, f16 or f32 KV; [`attention::paged_attention_parallel`]
 //!    splits (token, kv head) items, and long contexts into merged segments, over a pool),

@@ -14,7 +14,7 @@
 //! * `Avx512`: AVX-512 F/BW/VL + AVX512-VNNI (int8 dot products with `vpdpbusd`).
 //! * `Amx`: AMX-TILE + AMX-INT8 on top of `Avx512`, tile state enabled by the OS, this
 //!   process granted it (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), and a tile product that matched
-//!   the software model ([`amx_status`] says which step failed). Quantized matmuls with 8 or
+//!   the software model ([`amx_status`] says which step failed). Quantized matmuls with 32 or
 //!   more activation rows use tiles; everything else runs the `Avx512` kernels.
 
 use std::sync::atomic::{AtomicU8, Ordering};
