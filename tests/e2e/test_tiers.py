@@ -162,6 +162,50 @@ def test_host_tier_keeps_evicted_blocks_and_reloads_them():
         s.stop()
 
 
+
+def test_host_tier_saving_on_fill_copies_nothing_on_eviction():
+    # The pool of the test above, with `--kv-tier-host-save filled`: blocks enter the host tier
+    # when they are computed, so an eviction finds its block already there and copies nothing
+    # (counted as a dedup skip), and a reload is served exactly as with saves on eviction.
+    s = serve(["--kv-tier", "host", "--num-kv-blocks", "11", "--kv-tier-host-save", "filled"])
+    try:
+        a, b = prompt_text(3, 165), prompt_text(4, 165)
+        r1 = complete(s, a, 1)
+        assert r1.prefix["computed_tokens"] == 165
+        m = Metrics(s)
+        # A's ten full blocks were saved as they were filled; nothing was evicted yet.
+        assert m.get("cachet:kv_tier_blocks_saved_total", tier="host") == 10
+        assert m.get("cachet:kv_tier_host_blocks") == 10
+        assert m.get("cachet:kv_tier_save_dedup_skips_total") == 0
+
+        rb = complete(s, b, 1)
+        assert rb.prefix["blocks_evicted"] == 10
+        m = Metrics(s)
+        # B's ten fills saved; A's ten evictions found their blocks in the tier: no copy.
+        assert m.get("cachet:kv_tier_blocks_saved_total", tier="host") == 20
+        assert m.get("cachet:kv_tier_save_dedup_skips_total") == 10
+        assert m.get("cachet:kv_tier_host_blocks") == 20
+        assert m.get("cachet:kv_tier_host_bytes") == 20 * SIM_BLOCK_BYTES
+
+        r2 = complete(s, a, 1)
+        assert r2.text == r1.text
+        assert r2.prefix["local_cached_tokens"] == 0
+        assert r2.prefix["external_cached_tokens"] == 160
+        assert r2.prefix["external_sources"] == {"host": 160, "redis": 0}
+        assert r2.prefix["computed_tokens"] == 5
+        assert r2.prefix["blocks_evicted"] == 10
+        m = Metrics(s)
+        assert m.get("vllm:prompt_tokens_cached_by_source_total", source="host") == 160
+        assert m.get("cachet:kv_tier_blocks_loaded_total", tier="host") == 10
+        # No new copy: B's ten evictions and A's ten reloaded blocks (new cache entries again,
+        # which the tier already holds) are all skips.
+        assert m.get("cachet:kv_tier_blocks_saved_total", tier="host") == 20
+        assert m.get("cachet:kv_tier_save_dedup_skips_total") == 30
+        taken = [m.get("cachet:kv_tier_save_buffers_total", source=x) for x in ("warm", "fresh")]
+        assert sum(taken) == 20, taken
+    finally:
+        s.stop()
+
 def test_host_in_front_of_redis():
     """Stacked: what the host tier holds comes from it, the rest from Redis."""
     r = RedisNode().start()

@@ -10,8 +10,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cachet_tiers::{
-    BlockHash, HostConfig, Payload, RedisConfig, RedisTarget, SaveTarget, Secret, TierClient,
-    TierConfig, TierNamespace,
+    BlockHash, HostConfig, HostSave, Payload, RedisConfig, RedisTarget, SaveTarget, Secret,
+    TierClient, TierConfig, TierNamespace,
 };
 
 const BLOCKS: u32 = 125;
@@ -150,6 +150,7 @@ fn main() {
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {
             capacity_bytes: 64 << 20,
+            save: HostSave::Evicted,
         }),
         redis: None,
     })

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use cachet_core::BlockHash;
 
 use crate::buffers::BufferPool;
-use crate::config::TierConfig;
+use crate::config::{HostSave, TierConfig};
 use crate::format::{LoadError, TierNamespace};
 use crate::health::RateLog;
 use crate::host::{HostInsert, HostLru};
@@ -69,6 +69,7 @@ pub struct TierClient {
 struct Inner {
     shared: Arc<Shared>,
     host: Option<Arc<Mutex<HostLru>>>,
+    host_save: HostSave,
     redis: Option<RedisSide>,
 }
 
@@ -140,6 +141,7 @@ impl TierClient {
             .host
             .as_ref()
             .map(|h| Arc::new(Mutex::new(HostLru::new(h.capacity_bytes))));
+        let host_save = cfg.host.as_ref().map_or(HostSave::Evicted, |h| h.save);
         let redis = match cfg.redis {
             Some(rc) => Some(open_redis(rc, shared.clone())?),
             None => None,
@@ -148,6 +150,7 @@ impl TierClient {
             inner: Arc::new(Inner {
                 shared,
                 host,
+                host_save,
                 redis,
             }),
         })
@@ -166,6 +169,11 @@ impl TierClient {
             TierKind::Host => self.inner.host.is_some(),
             TierKind::Redis => self.inner.redis.is_some(),
         }
+    }
+
+    /// When blocks enter the host tier (meaningful only with one).
+    pub fn host_save(&self) -> HostSave {
+        self.inner.host_save
     }
 
     /// The namespace every key and value carries.
@@ -425,7 +433,7 @@ fn finish_load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HostConfig, RedisConfig};
+    use crate::config::{HostConfig, HostSave, RedisConfig};
 
     fn ns() -> TierNamespace {
         TierNamespace {
@@ -445,6 +453,7 @@ mod tests {
             spare_bytes: crate::DEFAULT_SPARE_BYTES,
             host: Some(HostConfig {
                 capacity_bytes: cap,
+                save: HostSave::Evicted,
             }),
             redis: None,
         })
@@ -505,6 +514,7 @@ mod tests {
                 namespace: ns(),
                 host: Some(HostConfig {
                     capacity_bytes: 2000,
+                    save: HostSave::Evicted,
                 }),
                 redis: None,
                 spare_bytes: 2000,

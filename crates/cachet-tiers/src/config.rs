@@ -147,6 +147,24 @@ fn redact_url(u: &str) -> String {
 pub struct HostConfig {
     /// Upper bound on the payload bytes held (`--kv-tier-host-bytes`).
     pub capacity_bytes: u64,
+    /// When blocks enter the host tier (`--kv-tier-host-save`).
+    pub save: HostSave,
+}
+
+/// When the engine copies a block into the host tier (`--kv-tier-host-save`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum HostSave {
+    /// When the local pool evicts it: no copy while the pool holds the block, but the copies
+    /// fall on the step whose allocations evict (a 2,000-token prompt arriving at a full pool
+    /// copies ~46 MB before its first token).
+    #[default]
+    Evicted,
+    /// When it is filled, as a new cache entry (write-through, as vLLM's CPU offloading
+    /// stores blocks as they are computed): a prompt's copies fall on the step that computed
+    /// it, ~0.4 % of computing it, and an eviction of a block the tier still holds copies
+    /// nothing (it only becomes the tier's most recently used). The tier's capacity then
+    /// holds the pool's blocks too.
+    Filled,
 }
 
 /// The Redis tier.
@@ -240,6 +258,11 @@ pub struct TierArgs {
     #[arg(long, value_name = "BYTES", default_value = "4GiB", value_parser = parse_bytes)]
     pub kv_tier_host_bytes: u64,
 
+    /// When blocks enter the host tier: `evicted` (when the local pool evicts them) or
+    /// `filled` (write-through, when they are computed: no copy on the step that evicts).
+    #[arg(long, value_name = "WHEN", value_enum, default_value_t = HostSave::Evicted)]
+    pub kv_tier_host_save: HostSave,
+
     /// Redis: `redis://host:port`, `rediss://…` (TLS), or a comma-separated list of Redis
     /// Cluster nodes.
     #[arg(long, value_name = "URL", env = "CACHET_KV_TIER_REDIS_URL")]
@@ -298,6 +321,7 @@ impl TierArgs {
         };
         let host = spec.host.then_some(HostConfig {
             capacity_bytes: self.kv_tier_host_bytes,
+            save: self.kv_tier_host_save,
         });
         let redis = if spec.redis {
             let url = self.kv_tier_redis_url.as_deref().ok_or_else(|| {

@@ -6,7 +6,9 @@
 //! [`TierTag`]; [`crate::LoadError`] → [`LoadFailure`] (its message);
 //! [`SaveReason::Evicted`] → [`SaveTarget::Host`] (a block leaving the local pool goes to the
 //! host LRU) and [`SaveReason::Filled`] → [`SaveTarget::Redis`] (a new cache entry is published
-//! to the instances sharing the Redis); [`KvTier::saves_on`] asks only for the saves a
+//! to the instances sharing the Redis), and also → [`SaveTarget::Host`] with
+//! `--kv-tier-host-save filled` (write-through: the host tier then already holds what the
+//! pool evicts, and the eviction copies nothing); [`KvTier::saves_on`] asks only for the saves a
 //! configured tier takes, and [`KvTier::wants_save`] says no for a block the tier already
 //! holds (the host LRU has it, or this instance loaded or stored it in Redis recently), so the
 //! engine does not copy it out for nothing.
@@ -17,7 +19,7 @@ use cachet_core::connector::{KvLookup, TierTag};
 use cachet_core::BlockHash;
 use cachet_engine::tier::{self, KvTier, LoadFailure, LoadTicket, SaveOn, SaveReason};
 
-use crate::{Payload, SaveTarget, TierClient, TierKind};
+use crate::{HostSave, Payload, SaveTarget, TierClient, TierKind};
 
 /// The engine's view of a [`TierClient`]. Owned by the engine's core thread; the client it
 /// wraps is a clone of the one the binary keeps for metrics and shutdown.
@@ -48,11 +50,13 @@ pub fn tag(kind: TierKind) -> TierTag {
     }
 }
 
-/// Where a save of this reason goes.
-pub fn target(reason: SaveReason) -> SaveTarget {
-    match reason {
-        SaveReason::Evicted => SaveTarget::Host,
-        SaveReason::Filled => SaveTarget::Redis,
+/// Where a save of this reason goes: evictions to the host tier; fills to Redis, and to the
+/// host tier too when it saves on fill.
+pub fn targets(reason: SaveReason, host_save: HostSave) -> &'static [SaveTarget] {
+    match (reason, host_save) {
+        (SaveReason::Evicted, _) => &[SaveTarget::Host],
+        (SaveReason::Filled, HostSave::Evicted) => &[SaveTarget::Redis],
+        (SaveReason::Filled, HostSave::Filled) => &[SaveTarget::Host, SaveTarget::Redis],
     }
 }
 
@@ -94,11 +98,24 @@ impl KvTier for EngineTier {
 
     fn save(&mut self, hash: BlockHash, payload: Payload, reason: SaveReason) {
         // A full queue or an oversized block is counted by the client; the engine never waits.
-        let _ = self.client.save(hash, payload, target(reason));
+        // An unconfigured target takes nothing (the payload is shared, not copied).
+        for &t in targets(reason, self.client.host_save()) {
+            let _ = self.client.save(hash, payload.clone(), t);
+        }
     }
 
     fn wants_save(&mut self, hash: &BlockHash, reason: SaveReason) -> bool {
-        !self.client.skip_save(hash, target(reason))
+        // Wanted when some configured target lacks it (each target asked, so each counts its
+        // own skip and the host's copy becomes most recently used).
+        let mut wanted = false;
+        for &t in targets(reason, self.client.host_save()) {
+            let configured = match t {
+                SaveTarget::Host => self.client.has(TierKind::Host),
+                SaveTarget::Redis => self.client.has(TierKind::Redis),
+            };
+            wanted |= configured && !self.client.skip_save(hash, t);
+        }
+        wanted
     }
 
     fn take_buffer(&mut self, len: usize) -> Vec<u8> {
@@ -106,9 +123,11 @@ impl KvTier for EngineTier {
     }
 
     fn saves_on(&self) -> SaveOn {
+        let host = self.client.has(TierKind::Host);
         SaveOn {
-            evicted: self.client.has(TierKind::Host),
-            filled: self.client.has(TierKind::Redis),
+            evicted: host,
+            filled: self.client.has(TierKind::Redis)
+                || (host && self.client.host_save() == HostSave::Filled),
         }
     }
 }
@@ -116,7 +135,7 @@ impl KvTier for EngineTier {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::HostConfig;
+    use crate::config::{HostConfig, HostSave};
     use crate::{TierConfig, TierNamespace};
 
     fn h(i: u8) -> BlockHash {
@@ -124,6 +143,10 @@ mod tests {
     }
 
     fn host_tier() -> EngineTier {
+        host_tier_saving(HostSave::Evicted)
+    }
+
+    fn host_tier_saving(save: HostSave) -> EngineTier {
         EngineTier::new(
             TierClient::open(TierConfig {
                 namespace: TierNamespace {
@@ -134,6 +157,7 @@ mod tests {
                 spare_bytes: crate::DEFAULT_SPARE_BYTES,
                 host: Some(HostConfig {
                     capacity_bytes: 1 << 20,
+                    save,
                 }),
                 redis: None,
             })
@@ -191,8 +215,10 @@ mod tests {
         t.save(h(2), Payload::from(vec![2u8; 64]), SaveReason::Evicted);
         assert!(!t.wants_save(&h(1), SaveReason::Evicted));
         assert_eq!(t.client().stats().save_dedup_skips, 1);
-        // Redis is not configured: nothing to skip (the save itself is refused).
-        assert!(t.wants_save(&h(1), SaveReason::Filled));
+        // A fill goes to Redis alone, which is not configured: no target wants it, and
+        // nothing is counted as skipped.
+        assert!(!t.wants_save(&h(1), SaveReason::Filled));
+        assert_eq!(t.client().stats().save_dedup_skips, 1);
         // The skipped save still counts as use: h(1) is now more recent than h(2).
         let c = t.client();
         // 64 + 64 + 15 * 65,536 + 65,409 = 1 MiB + 1: exactly one eviction, the LRU block.
@@ -203,5 +229,34 @@ mod tests {
         assert_eq!(c.stats().host_evictions, 1);
         assert_eq!(c.lookup(&[h(1)]).len(), 1, "h(1) kept");
         assert_eq!(c.lookup(&[h(2)]).len(), 0, "h(2) evicted first");
+    }
+
+    /// `--kv-tier-host-save filled`: fills are saved into the host tier (write-through), so
+    /// the later eviction of a block it holds copies nothing and only refreshes it; a block
+    /// the tier lost in between is copied on eviction as before.
+    #[test]
+    fn a_host_tier_saving_on_fill_makes_evictions_free() {
+        let mut t = host_tier_saving(HostSave::Filled);
+        assert_eq!(
+            t.saves_on(),
+            SaveOn {
+                evicted: true,
+                filled: true
+            }
+        );
+        assert!(t.wants_save(&h(1), SaveReason::Filled));
+        t.save(h(1), Payload::from(vec![1u8; 128]), SaveReason::Filled);
+        t.save(h(2), Payload::from(vec![2u8; 128]), SaveReason::Filled);
+        assert_eq!(t.lookup(&[h(1), h(2)]), 2);
+        assert_eq!(t.client().stats().host.blocks_saved, 2);
+        // Filled again (recomputed elsewhere in the pool): already held, no copy.
+        assert!(!t.wants_save(&h(2), SaveReason::Filled));
+        // Evicted later: held, so no copy; each skip counted once.
+        assert!(!t.wants_save(&h(1), SaveReason::Evicted));
+        assert_eq!(t.client().stats().save_dedup_skips, 2);
+        assert!(t.wants_save(&h(3), SaveReason::Evicted));
+        t.save(h(3), Payload::from(vec![3u8; 128]), SaveReason::Evicted);
+        assert_eq!(t.lookup(&[h(3)]), 1);
+        assert_eq!(t.client().stats().host.blocks_saved, 3);
     }
 }

@@ -2,7 +2,8 @@
 //! to bytes in host memory or Redis and back, off the engine thread.
 //!
 //! * **host** — a least-recently-used map bounded by payload bytes
-//!   (`--kv-tier-host-bytes`); the engine saves blocks into it when its local pool evicts them.
+//!   (`--kv-tier-host-bytes`); the engine saves blocks into it when its local pool evicts them,
+//!   or, with `--kv-tier-host-save filled`, when they are filled ([`HostSave`]).
 //! * **redis** — one server (`redis://`, `rediss://`) or a Redis Cluster (a comma-separated list
 //!   of nodes). Keys carry the model fingerprint, KV layout, block size and block hash, so every
 //!   instance serving the same model finds what another computed ([`format`]). Values carry a
@@ -46,7 +47,7 @@ pub use buffers::{BufferPool, BufferStats};
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
 pub use config::{
-    HostConfig, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec,
+    HostConfig, HostSave, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec,
     DEFAULT_SPARE_BYTES,
 };
 pub use engine::EngineTier;

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use cachet_tiers::format::encode_value;
 use cachet_tiers::{
-    CorruptKind, HostConfig, LoadError, RedisTarget, SaveTarget, TierClient, TierConfig, TierKind,
-    TierNamespace,
+    CorruptKind, HostConfig, HostSave, LoadError, RedisTarget, SaveTarget, TierClient, TierConfig,
+    TierKind, TierNamespace,
 };
 use common::*;
 
@@ -524,6 +524,7 @@ fn stacked_host_in_front_of_redis() {
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {
             capacity_bytes: 10 * BLOCK as u64,
+            save: HostSave::Evicted,
         }),
         redis: Some(redis_cfg(RedisTarget::parse(&server.url(), false).unwrap())),
     })

@@ -11,8 +11,8 @@ use cachet_engine::tier::KvTier;
 use cachet_model::executor::{ExecutorConfig, KvDtype, LlamaExecutor};
 use cachet_model::LoadedModel;
 use cachet_tiers::{
-    EngineTier, HostConfig, RedisConfig, RedisTarget, TierClient, TierConfig, TierNamespace,
-    DEFAULT_SPARE_BYTES,
+    EngineTier, HostConfig, HostSave, RedisConfig, RedisTarget, TierClient, TierConfig,
+    TierNamespace, DEFAULT_SPARE_BYTES,
 };
 
 use super::rounds::interleaved;
@@ -68,6 +68,7 @@ fn tier_config(exec: &LlamaExecutor, t: TierSetup) -> TierConfig {
         },
         host: t.host.then_some(HostConfig {
             capacity_bytes: 4 << 30,
+            save: HostSave::Evicted,
         }),
         redis: t.redis.map(|url| RedisConfig {
             target: RedisTarget::Single(url),

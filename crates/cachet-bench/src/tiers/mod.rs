@@ -1,11 +1,13 @@
 //! `cachet bench tiers`: what the external KV tiers buy, on the real model.
 //!
 //! 1. **Time to first token** of a prompt of `--prompt-tokens` (2,000) random token ids,
-//!    through `cachet serve` over HTTP, four ways, in interleaved rounds (the order rotates each
+//!    through `cachet serve` over HTTP, five ways, in interleaved rounds (the order rotates each
 //!    round): *computed* (a fresh prompt), *host* (the prompt's blocks were evicted from a pool
 //!    that holds one prompt, into the host tier; loading it back evicts the filler prompt, whose
 //!    blocks are copied to the host tier first), *host without spare buffers* (the same with
-//!    `--kv-tier-spare-bytes 0`: those copies go into fresh allocations), *Redis* (another
+//!    `--kv-tier-spare-bytes 0`: those copies go into fresh allocations), *host saving on
+//!    fill* (`--kv-tier-host-save filled`: every block was copied into the tier when it was
+//!    computed, so the filler's eviction copies nothing), *Redis* (another
 //!    instance computed the prompt and wrote it to a `redis-server` on loopback). Every loaded
 //!    answer is checked: the same first token as computing, `floor((N-1)/16)*16` external
 //!    tokens from the right tier.

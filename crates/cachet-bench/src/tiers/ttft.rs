@@ -1,5 +1,6 @@
 //! Part 1: time to first token through `cachet serve` over HTTP — computed, loaded from the host
-//! tier (with and without warm save buffers), loaded from Redis — in interleaved rounds.
+//! tier (with and without warm save buffers, and saving on fill), loaded from Redis — in
+//! interleaved rounds.
 
 use std::path::Path;
 
@@ -10,11 +11,12 @@ use crate::compare::ServerProc;
 use crate::error::BenchError;
 
 /// The cases, in table order.
-const CASES: [&str; 4] = [
+const CASES: [&str; 5] = [
     "computed",
     "host tier",
     "host tier, no spare buffers (`--kv-tier-spare-bytes 0`)",
     "Redis (loopback)",
+    "host tier saving on fill (`--kv-tier-host-save filled`)",
 ];
 
 /// Checks a loaded answer against the computed one: the same first token, exactly `loaded`
@@ -39,9 +41,10 @@ fn check_loaded(a: &Answer, want: &Answer, tier: &str, loaded: usize) -> Result<
 
 struct Servers {
     compute: ServerProc,
-    /// Host tier with the default spare buffers, and with none (the engine's saves into fresh
-    /// allocations, as before warm buffers).
-    host: [ServerProc; 2],
+    /// Host tier with the default spare buffers, with none (the engine's saves into fresh
+    /// allocations, as before warm buffers), and saving on fill (so the filler's eviction
+    /// copies nothing).
+    host: [ServerProc; 3],
     writer: ServerProc,
     reader: ServerProc,
 }
@@ -53,6 +56,7 @@ async fn host_server(
     model: &Path,
     name: &str,
     spare: &str,
+    save: &str,
     http: &Http,
 ) -> Result<ServerProc, BenchError> {
     let flags: Vec<String> = [
@@ -62,6 +66,8 @@ async fn host_server(
         &host_pool_blocks(a.prompt_tokens).to_string(),
         "--kv-tier-spare-bytes",
         spare,
+        "--kv-tier-host-save",
+        save,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -81,8 +87,9 @@ pub(super) async fn ttft_part(
     let s = Servers {
         compute: spawn(a, bin, model, "compute", a.threads, &[], http).await?,
         host: [
-            host_server(a, bin, model, "host", "64MiB", http).await?,
-            host_server(a, bin, model, "host-nospare", "0", http).await?,
+            host_server(a, bin, model, "host", "64MiB", "evicted", http).await?,
+            host_server(a, bin, model, "host-nospare", "0", "evicted", http).await?,
+            host_server(a, bin, model, "host-fill", "64MiB", "filled", http).await?,
         ],
         writer: spawn(
             a,
@@ -123,7 +130,7 @@ pub(super) async fn ttft_part(
         a.rounds,
         k,
         &names,
-        &[0, 1, 2, 3],
+        &[0, 1, 2, 3, 4],
         async |round, case| {
             let p = prompt_ids(round as u64 * 2 + 1, n);
             if want.as_ref().is_none_or(|(r, _)| *r != round) {
@@ -137,8 +144,8 @@ pub(super) async fn ttft_part(
                     let q = prompt_ids(1000 + round as u64, n);
                     http.complete(&s.compute.base_url, &q).await?
                 }
-                1 | 2 => {
-                    let host = &s.host[case - 1];
+                1 | 2 | 4 => {
+                    let host = &s.host[if case == 4 { 2 } else { case - 1 }];
                     let filler = prompt_ids(round as u64 * 2 + 2, filler_tokens(n));
                     http.complete(&host.base_url, &p).await?;
                     http.complete(&host.base_url, &filler).await?;
