@@ -118,6 +118,18 @@ def test_two_instances_share_through_a_redis_cluster():
         cluster.stop()
 
 
+def assert_reloaded_from_host(r2, r1) -> None:
+    """The 165-token prompt of the host tests, served again after a filler evicted it from the
+    11-block pool: its ten full blocks (160 tokens) load from the host tier, the 5-token tail
+    is computed, nothing is created anew, and loading evicts the filler's ten entries."""
+    assert r2.text == r1.text
+    assert r2.prefix["local_cached_tokens"] == 0
+    assert r2.prefix["external_cached_tokens"] == 160
+    assert r2.prefix["external_sources"] == {"host": 160, "redis": 0}
+    assert r2.prefix["computed_tokens"] == 5
+    assert r2.prefix["cache_creation_tokens"] == 0
+    assert r2.prefix["blocks_evicted"] == 10
+
 def test_host_tier_keeps_evicted_blocks_and_reloads_them():
     # A pool of 11 blocks holds exactly one 165-token prompt (10 full blocks + 1 partial).
     s = serve(["--kv-tier", "host", "--num-kv-blocks", "11"])
@@ -134,14 +146,8 @@ def test_host_tier_keeps_evicted_blocks_and_reloads_them():
         assert m.get("cachet:kv_tier_host_bytes") == 10 * SIM_BLOCK_BYTES
 
         r2 = complete(s, a, 1)
-        assert r2.text == r1.text
-        assert r2.prefix["local_cached_tokens"] == 0
-        assert r2.prefix["external_cached_tokens"] == 160
-        assert r2.prefix["external_sources"] == {"host": 160, "redis": 0}
-        assert r2.prefix["computed_tokens"] == 5
-        assert r2.prefix["cache_creation_tokens"] == 0
+        assert_reloaded_from_host(r2, r1)
         # Loading A evicted B's ten entries: the host tier now holds both prompts.
-        assert r2.prefix["blocks_evicted"] == 10
         m = Metrics(s)
         assert m.get("vllm:prompt_tokens_cached_by_source_total", source="host") == 160
         assert m.get("vllm:prompt_tokens_cached_by_source_total", source="redis") == 0
@@ -188,12 +194,7 @@ def test_host_tier_saving_on_fill_copies_nothing_on_eviction():
         assert m.get("cachet:kv_tier_host_bytes") == 20 * SIM_BLOCK_BYTES
 
         r2 = complete(s, a, 1)
-        assert r2.text == r1.text
-        assert r2.prefix["local_cached_tokens"] == 0
-        assert r2.prefix["external_cached_tokens"] == 160
-        assert r2.prefix["external_sources"] == {"host": 160, "redis": 0}
-        assert r2.prefix["computed_tokens"] == 5
-        assert r2.prefix["blocks_evicted"] == 10
+        assert_reloaded_from_host(r2, r1)
         m = Metrics(s)
         assert m.get("vllm:prompt_tokens_cached_by_source_total", source="host") == 160
         assert m.get("cachet:kv_tier_blocks_loaded_total", tier="host") == 10
