@@ -49,6 +49,16 @@ pub enum SaveTarget {
     Redis,
 }
 
+impl SaveTarget {
+    /// The tier this target stores into.
+    pub fn kind(self) -> TierKind {
+        match self {
+            SaveTarget::Host => TierKind::Host,
+            SaveTarget::Redis => TierKind::Redis,
+        }
+    }
+}
+
 /// One finished load: a result per requested hash, in request order.
 #[derive(Debug)]
 pub struct LoadDone {

@@ -60,6 +60,17 @@ pub fn targets(reason: SaveReason, host_save: HostSave) -> &'static [SaveTarget]
     }
 }
 
+impl EngineTier {
+    /// The configured tiers a save of this reason goes to ([`targets`], less the tiers this
+    /// client lacks): the one place `save`, `wants_save` and `saves_on` take them from.
+    fn configured(&self, reason: SaveReason) -> impl Iterator<Item = SaveTarget> + '_ {
+        targets(reason, self.client.host_save())
+            .iter()
+            .copied()
+            .filter(|t| self.client.has(t.kind()))
+    }
+}
+
 impl KvLookup for EngineTier {
     fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
         self.client.lookup(hashes).len()
@@ -98,22 +109,18 @@ impl KvTier for EngineTier {
 
     fn save(&mut self, hash: BlockHash, payload: Payload, reason: SaveReason) {
         // A full queue or an oversized block is counted by the client; the engine never waits.
-        // An unconfigured target takes nothing (the payload is shared, not copied).
-        for &t in targets(reason, self.client.host_save()) {
+        // The payload is shared between targets, not copied.
+        for t in self.configured(reason) {
             let _ = self.client.save(hash, payload.clone(), t);
         }
     }
 
     fn wants_save(&mut self, hash: &BlockHash, reason: SaveReason) -> bool {
-        // Wanted when some configured target lacks it (each target asked, so each counts its
-        // own skip and the host's copy becomes most recently used).
+        // Wanted when some configured target lacks it. Every target is asked (no short
+        // circuit), so each counts its own skip and the host's copy becomes most recently used.
         let mut wanted = false;
-        for &t in targets(reason, self.client.host_save()) {
-            let configured = match t {
-                SaveTarget::Host => self.client.has(TierKind::Host),
-                SaveTarget::Redis => self.client.has(TierKind::Redis),
-            };
-            wanted |= configured && !self.client.skip_save(hash, t);
+        for t in self.configured(reason) {
+            wanted |= !self.client.skip_save(hash, t);
         }
         wanted
     }
@@ -123,11 +130,9 @@ impl KvTier for EngineTier {
     }
 
     fn saves_on(&self) -> SaveOn {
-        let host = self.client.has(TierKind::Host);
         SaveOn {
-            evicted: host,
-            filled: self.client.has(TierKind::Redis)
-                || (host && self.client.host_save() == HostSave::Filled),
+            evicted: self.configured(SaveReason::Evicted).next().is_some(),
+            filled: self.configured(SaveReason::Filled).next().is_some(),
         }
     }
 }
