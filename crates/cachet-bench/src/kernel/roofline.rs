@@ -47,7 +47,7 @@ pub struct MachineLimits {
 }
 
 impl MachineLimits {
-    fn of(l: &Limits) -> MachineLimits {
+    fn of(l: &Limits, read_weights_gbs: f64) -> MachineLimits {
         let name = |v: &[(isa::Isa, Option<f64>)]| {
             v.iter()
                 .map(|(i, g)| (i.to_string(), *g))
@@ -59,7 +59,7 @@ impl MachineLimits {
             int8_gops: name(&l.int8_gops),
             f32_gflops: name(&l.f32_gflops),
             read_gbs: l.read_gbs,
-            read_weights_gbs: 0.0,
+            read_weights_gbs,
         }
     }
 
@@ -211,9 +211,8 @@ pub(super) fn roofline_side(
     let weight_bytes = (work.qkv_bytes + work.ofn_bytes + work.head_bytes) as u64;
     let limits = {
         let pool = ThreadPool::new(a.threads);
-        let mut l = MachineLimits::of(&probe::measure(&pool, 512 << 20));
-        l.read_weights_gbs = probe::read_bandwidth(&pool, weight_bytes as usize);
-        l
+        let l = probe::measure(&pool, 512 << 20);
+        MachineLimits::of(&l, probe::read_bandwidth(&pool, weight_bytes as usize))
     };
     eprintln!(
         "[kernel] limits at {} threads: int8 {:?} GOP/s, f32 {:?} GFLOP/s ({}), read {:.1} GB/s (at the weights' size {:.1})",

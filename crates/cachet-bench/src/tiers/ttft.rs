@@ -19,6 +19,9 @@ const CASES: [&str; 5] = [
     "host tier saving on fill (`--kv-tier-host-save filled`)",
 ];
 
+/// The host-tier cases' indices in [`CASES`], in the order of [`Servers::host`].
+const HOST_CASES: [usize; 3] = [1, 2, 4];
+
 /// Checks a loaded answer against the computed one: the same first token, exactly `loaded`
 /// external tokens, all from `tier`. Returns the external tokens.
 fn check_loaded(a: &Answer, want: &Answer, tier: &str, loaded: usize) -> Result<u64, BenchError> {
@@ -139,13 +142,16 @@ pub(super) async fn ttft_part(
             let Some((_, want)) = want.as_ref() else {
                 return Err(err("no computed answer"));
             };
-            let got = match case {
-                0 => {
+            let host = HOST_CASES
+                .iter()
+                .position(|&h| h == case)
+                .map(|i| &s.host[i]);
+            let got = match (case, host) {
+                (0, _) => {
                     let q = prompt_ids(1000 + round as u64, n);
                     http.complete(&s.compute.base_url, &q).await?
                 }
-                1 | 2 | 4 => {
-                    let host = &s.host[if case == 4 { 2 } else { case - 1 }];
+                (_, Some(host)) => {
                     let filler = prompt_ids(round as u64 * 2 + 2, filler_tokens(n));
                     http.complete(&host.base_url, &p).await?;
                     http.complete(&host.base_url, &filler).await?;

@@ -77,7 +77,7 @@ unsafe fn stream_copy(src: &[u8], dst: *mut u8) {
     use std::arch::x86_64::*;
     let n = src.len();
     let s = src.as_ptr();
-    let head = (dst.align_offset(32)).min(n);
+    let head = dst.align_offset(32).min(n);
     std::ptr::copy_nonoverlapping(s, dst, head);
     let mut i = head;
     while i + 128 <= n {

@@ -60,6 +60,18 @@ pub(crate) unsafe trait Tiles {
     unsafe fn release(&mut self);
 }
 
+/// One instruction on tile set `s`: the first template for set 0, the second for set 1 (tile
+/// registers are named in the instruction, so each set needs its own template).
+macro_rules! per_set {
+    ($s:expr, $set0:literal, $set1:literal, $($args:tt)*) => {
+        if $s == 0 {
+            asm!($set0, $($args)*)
+        } else {
+            asm!($set1, $($args)*)
+        }
+    };
+}
+
 /// The AMX hardware. Only used after [`crate::isa`] detected AMX-TILE + AMX-INT8, the OS
 /// enabled tile state and granted this process permission (`arch_prctl`).
 #[derive(Default)]
@@ -75,49 +87,31 @@ unsafe impl Tiles for Hw {
     }
     #[inline(always)]
     unsafe fn zero_c(&mut self, s: usize) {
-        if s == 0 {
-            asm!("tilezero tmm0", options(nostack, nomem));
-        } else {
-            asm!("tilezero tmm3", options(nostack, nomem));
-        }
+        per_set!(s, "tilezero tmm0", "tilezero tmm3", options(nostack, nomem));
     }
     #[inline(always)]
     unsafe fn load_a(&mut self, s: usize, p: *const u8, stride: usize) {
-        if s == 0 {
-            asm!("tileloadd tmm1, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-                options(nostack, readonly));
-        } else {
-            asm!("tileloadd tmm4, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-                options(nostack, readonly));
-        }
+        per_set!(s, "tileloadd tmm1, [{p} + {s} * 1]", "tileloadd tmm4, [{p} + {s} * 1]",
+            p = in(reg) p, s = in(reg) stride, options(nostack, readonly));
     }
     #[inline(always)]
     unsafe fn load_b(&mut self, s: usize, p: *const u8, stride: usize) {
-        if s == 0 {
-            asm!("tileloadd tmm2, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-                options(nostack, readonly));
-        } else {
-            asm!("tileloadd tmm5, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride,
-                options(nostack, readonly));
-        }
+        per_set!(s, "tileloadd tmm2, [{p} + {s} * 1]", "tileloadd tmm5, [{p} + {s} * 1]",
+            p = in(reg) p, s = in(reg) stride, options(nostack, readonly));
     }
     #[inline(always)]
     unsafe fn dp(&mut self, s: usize) {
-        if s == 0 {
-            asm!("tdpbsud tmm0, tmm1, tmm2", options(nostack, nomem));
-        } else {
-            asm!("tdpbsud tmm3, tmm4, tmm5", options(nostack, nomem));
-        }
+        per_set!(
+            s,
+            "tdpbsud tmm0, tmm1, tmm2",
+            "tdpbsud tmm3, tmm4, tmm5",
+            options(nostack, nomem)
+        );
     }
     #[inline(always)]
     unsafe fn store_c(&mut self, s: usize, p: *mut u8, stride: usize) {
-        if s == 0 {
-            asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) stride,
-                options(nostack));
-        } else {
-            asm!("tilestored [{p} + {s} * 1], tmm3", p = in(reg) p, s = in(reg) stride,
-                options(nostack));
-        }
+        per_set!(s, "tilestored [{p} + {s} * 1], tmm0", "tilestored [{p} + {s} * 1], tmm3",
+            p = in(reg) p, s = in(reg) stride, options(nostack));
     }
     #[inline(always)]
     unsafe fn release(&mut self) {

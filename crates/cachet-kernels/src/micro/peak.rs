@@ -7,6 +7,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::util::A64;
+
 /// Independent accumulators per loop.
 const ACC: usize = 12;
 
@@ -95,14 +97,14 @@ pub(crate) unsafe fn avx512_dpbusd(iters: usize, seed: i8) -> (u64, i64) {
 pub(crate) unsafe fn amx_dpbsud(iters: usize, seed: i8) -> (u64, i64) {
     use std::arch::asm;
     // Palette 1, every one of the 8 tiles 16 rows × 64 bytes.
-    let mut cfg = crate::util::A64([0; 64]);
+    let mut cfg = A64([0; 64]);
     cfg.0[0] = 1;
     for t in 0..8 {
         cfg.0[16 + 2 * t..18 + 2 * t].copy_from_slice(&64u16.to_le_bytes());
         cfg.0[48 + t] = 16;
     }
-    let src = crate::util::A64([seed as u8; 64]);
-    let mut out = [crate::util::A64([0; 64]); 16];
+    let src = A64([seed as u8; 64]);
+    let mut out = [A64([0; 64]); 64];
     asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
     // Stride 0: every row of A and B is the same 64 seed bytes.
     asm!(
@@ -127,27 +129,21 @@ pub(crate) unsafe fn amx_dpbsud(iters: usize, seed: i8) -> (u64, i64) {
             options(nostack, nomem)
         );
     }
-    let mut sum = 0i64;
-    for t in 0..4 {
-        let p = out.as_mut_ptr() as *mut u8;
-        match t {
-            0 => {
-                asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) 64usize, options(nostack))
-            }
-            1 => {
-                asm!("tilestored [{p} + {s} * 1], tmm1", p = in(reg) p, s = in(reg) 64usize, options(nostack))
-            }
-            2 => {
-                asm!("tilestored [{p} + {s} * 1], tmm2", p = in(reg) p, s = in(reg) 64usize, options(nostack))
-            }
-            _ => {
-                asm!("tilestored [{p} + {s} * 1], tmm3", p = in(reg) p, s = in(reg) 64usize, options(nostack))
-            }
-        }
-        for row in &out {
-            sum += i32::from_le_bytes([row.0[0], row.0[1], row.0[2], row.0[3]]) as i64;
-        }
-    }
+    // The four accumulators, 16 rows of 64 bytes each, one after the other.
+    let base = out.as_mut_ptr() as *mut u8;
+    asm!(
+        "tilestored [{p} + {s} * 1], tmm0",
+        "tilestored [{p} + {s} * 1 + 1024], tmm1",
+        "tilestored [{p} + {s} * 1 + 2048], tmm2",
+        "tilestored [{p} + {s} * 1 + 3072], tmm3",
+        p = in(reg) base,
+        s = in(reg) 64usize,
+        options(nostack)
+    );
+    let sum: i64 = out
+        .iter()
+        .map(|row| i32::from_le_bytes([row.0[0], row.0[1], row.0[2], row.0[3]]) as i64)
+        .sum();
     asm!("tilerelease", options(nostack, nomem));
     ((iters * 4 * 16 * 16 * 64) as u64, std::hint::black_box(sum))
 }
