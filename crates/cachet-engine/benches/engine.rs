@@ -152,9 +152,15 @@ fn interleaved(rounds: usize) {
     full.steps(400);
     let (mut a, mut b, mut r) = (Vec::new(), Vec::new(), Vec::new());
     println!("round  on µs/step  on_insight µs/step  ratio");
+    // `CACHET_ONLY=on|on_insight`: run one of the two (for a profiler's per-function counts).
+    let only = std::env::var("CACHET_ONLY").unwrap_or_default();
     for i in 0..rounds {
-        let x = on.steps(block);
-        let y = full.steps(block);
+        let x = if only == "on_insight" {
+            1.0
+        } else {
+            on.steps(block)
+        };
+        let y = if only == "on" { 1.0 } else { full.steps(block) };
         println!("{i:5}  {x:10.1}  {y:18.1}  {:.3}", y / x);
         a.push(x);
         b.push(y);

@@ -465,6 +465,45 @@ fn simd_levels_are_bit_identical() {
     }
 }
 
+/// A long prefill is cut into row slices per task (`SPLIT_ROWS`, 64 rows); each activation
+/// row's output must not depend on which slice, tile or task computed it: 200 rows at once
+/// (four slices, the last one partial, and a partial tile) equal the same rows one at a time,
+/// bit for bit, on every level and with 1 and 3 threads.
+#[test]
+fn long_prefill_rows_match_one_row_at_a_time() {
+    let mut rng = StdRng::seed_from_u64(44);
+    for (ty, rows, cols) in [
+        (WeightType::Q4_1, 50, 576),
+        (WeightType::Q8_0, 33, 64),
+        (WeightType::Q4K, 19, 512),
+    ] {
+        let w = rand_vec(&mut rng, rows * cols);
+        let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+        let m = 201;
+        let x = rand_vec(&mut rng, m * cols);
+        for threads in [1, 3] {
+            let pool = ThreadPool::new(threads);
+            for_each_isa(|level| {
+                let mut all = vec![0f32; m * rows];
+                mat.matmul(&pool, &x, m, &mut all);
+                for i in 0..m {
+                    let mut one = vec![0f32; rows];
+                    mat.matmul(&pool, &x[i * cols..(i + 1) * cols], 1, &mut one);
+                    let got: Vec<u32> = all[i * rows..(i + 1) * rows]
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect();
+                    let want: Vec<u32> = one.iter().map(|v| v.to_bits()).collect();
+                    assert!(
+                        got == want,
+                        "{ty:?} {level} {threads} threads: row {i} differs"
+                    );
+                }
+            });
+        }
+    }
+}
+
 // ------------------------------------------------------------------ attention
 
 fn check_attention<T: KvElem>(

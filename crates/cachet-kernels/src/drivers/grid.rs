@@ -12,16 +12,26 @@ pub(crate) struct TaskGrid {
 }
 
 impl TaskGrid {
-    pub(crate) fn new(units: usize, m_tiles: usize, threads: usize) -> TaskGrid {
+    /// `max_tiles_per_split`: the most activation-row tiles one task runs over each of its
+    /// weight units (`usize::MAX`: no bound). A task reads its rows' activations once per
+    /// weight unit, so a bound keeps them in the core's near caches while the unit's weights
+    /// are reused across them; it also gives a long prefill many equal tasks to balance.
+    pub(crate) fn new(
+        units: usize,
+        m_tiles: usize,
+        threads: usize,
+        max_tiles_per_split: usize,
+    ) -> TaskGrid {
         // Weight chunks: enough tasks for load balance, few enough to keep overhead low.
         let units_per_task = (units / (threads * 4)).max(1);
         let unit_tasks = units.div_ceil(units_per_task);
         // Split over m too when there are few weight tasks (small matrices in prefill).
-        let m_split = if unit_tasks >= threads * 2 || m_tiles == 1 {
+        let for_balance = if unit_tasks >= threads * 2 || m_tiles == 1 {
             1
         } else {
             (threads * 2).div_ceil(unit_tasks).min(m_tiles)
         };
+        let m_split = for_balance.max(m_tiles.div_ceil(max_tiles_per_split.max(1)));
         TaskGrid {
             units,
             m_tiles,
@@ -44,5 +54,57 @@ impl TaskGrid {
             u0..(u0 + self.units_per_task).min(self.units),
             t0..(t0 + self.tiles_per_split).min(self.m_tiles),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every (unit, tile) pair belongs to exactly one task, whatever the shape.
+    #[test]
+    fn tasks_cover_every_unit_and_tile_once() {
+        for units in [1, 2, 6, 9, 18, 48, 1536] {
+            for m_tiles in [1, 2, 3, 4, 8, 17, 128] {
+                for threads in [1, 2, 3, 8] {
+                    for cap in [1, 3, 16, usize::MAX] {
+                        let g = TaskGrid::new(units, m_tiles, threads, cap);
+                        let mut seen = vec![0u8; units * m_tiles];
+                        for t in 0..g.tasks() {
+                            let (us, ts) = g.ranges(t);
+                            assert!(ts.len() <= cap, "{units} {m_tiles} {threads} {cap}");
+                            for u in us {
+                                for tile in ts.clone() {
+                                    seen[u * m_tiles + tile] += 1;
+                                }
+                            }
+                        }
+                        assert!(
+                            seen.iter().all(|&n| n == 1),
+                            "{units} {m_tiles} {threads} {cap}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The shapes of the default model at 2 threads: a 512-row prefill of the 1536 × 576 up
+    /// projection (48 pairs of groups, 128 tiles of 4 rows) runs in 8 chunks of 6 pairs × 8
+    /// splits of 16 tiles (64 rows); batch 16 (4 tiles) and decode are not split over rows.
+    #[test]
+    fn prefill_is_split_into_row_slices() {
+        let g = TaskGrid::new(48, 128, 2, 16);
+        assert_eq!(g.tasks(), 64);
+        assert_eq!(g.ranges(0), (0..6, 0..16));
+        assert_eq!(g.ranges(9), (6..12, 16..32));
+        assert_eq!(g.ranges(63), (42..48, 112..128));
+        let g = TaskGrid::new(48, 4, 2, 16);
+        assert_eq!((g.tasks(), g.ranges(1)), (8, (6..12, 0..4)));
+        let g = TaskGrid::new(48, 1, 2, 16);
+        assert_eq!((g.tasks(), g.ranges(7)), (8, (42..48, 0..1)));
+        // Few weight units: split over rows for balance as before (6 pairs, 4 tiles).
+        let g = TaskGrid::new(6, 4, 2, 16);
+        assert_eq!((g.tasks(), g.ranges(0)), (6, (0..1, 0..4)));
     }
 }

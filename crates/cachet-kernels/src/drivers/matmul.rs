@@ -294,6 +294,15 @@ pub(crate) fn quantize_act(
 /// Activation-row tiles of a pair over which the next pair's prefetch is spread.
 const PF_TILES: usize = 4;
 
+/// Activation rows one task runs over each pair of groups (a long prefill is cut into
+/// slices of this many rows). Measured on an Intel Xeon (AVX-512 VNNI, 48 KiB L1D, 2 MiB L2)
+/// at 2 threads, 512 rows of the default model's Q4_1 shapes, best call of many, 8
+/// interleaved pairs: 64-row slices against one slice of all 512 rows took the median of
+/// 576 × 576 from 705 to 637 µs, 576 × 1536 from 1,670 to 1,453 µs and 1536 × 576 from
+/// 1,479 to 1,452 µs at the AVX-512 level, and lost nothing at the AVX2 level; 128-row slices
+/// were slower than 64 for the whole model, 32 and 16 no faster (docs/benchmarks.md §4).
+const SPLIT_ROWS: usize = 64;
+
 /// Tile driver: splits (group pairs × row tiles) into pool tasks and calls the ISA kernel.
 pub(crate) fn matmul_packed(
     isa: Isa,
@@ -310,7 +319,7 @@ pub(crate) fn matmul_packed(
         return;
     }
     let n_pairs = p.n_groups.div_ceil(2);
-    let grid = TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads());
+    let grid = TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads(), SPLIT_ROWS / MR);
     let yp = SendPtr(y.as_mut_ptr());
     let run = |task: usize| {
         let (pairs, tiles) = grid.ranges(task);
@@ -370,7 +379,13 @@ pub(crate) fn matmul_amx_with<T: Tiles + Default>(
     y: &mut [f32],
 ) {
     assert!(y.len() >= m * rows && a.q.len() >= m * a.cols && a.nb == p.nb);
-    let grid = TaskGrid::new(p.n_groups, m.div_ceil(amx::TM), pool.n_threads());
+    // Not bounded: the AMX level was not measured with row slices.
+    let grid = TaskGrid::new(
+        p.n_groups,
+        m.div_ceil(amx::TM),
+        pool.n_threads(),
+        usize::MAX,
+    );
     let yp = SendPtr(y.as_mut_ptr());
     pool.parallel_for(grid.tasks(), &|task| {
         let (groups, tiles) = grid.ranges(task);
