@@ -300,7 +300,8 @@ const PF_TILES: usize = 4;
 /// interleaved pairs: 64-row slices against one slice of all 512 rows took the median of
 /// 576 × 576 from 705 to 637 µs, 576 × 1536 from 1,670 to 1,453 µs and 1536 × 576 from
 /// 1,479 to 1,452 µs at the AVX-512 level, and lost nothing at the AVX2 level; 128-row slices
-/// were slower than 64 for the whole model, 32 and 16 no faster (docs/benchmarks.md §4).
+/// were slower than 64 for the whole model, 32 and 16 no faster (docs/benchmarks.md §4). The
+/// AMX driver cuts its rows the same way ([`matmul_amx_with`]).
 const SPLIT_ROWS: usize = 64;
 
 /// Tile driver: splits (group pairs × row tiles) into pool tasks and calls the ISA kernel.
@@ -379,12 +380,16 @@ pub(crate) fn matmul_amx_with<T: Tiles + Default>(
     y: &mut [f32],
 ) {
     assert!(y.len() >= m * rows && a.q.len() >= m * a.cols && a.nb == p.nb);
-    // Not bounded: the AMX level was not measured with row slices.
+    // Row slices of `SPLIT_ROWS` here too: on an Intel Xeon with AMX (2 threads, 512 rows,
+    // best call of many, 3 interleaved rounds) they took 576 × 576 from 571–596 to 512–531 µs,
+    // 1536 × 576 from 1,223–1,267 to 1,094–1,157 and 576 × 1536 from 1,217–1,273 to
+    // 1,131–1,150, and the default model's whole matmul set from 209–216 to 196–204 ms
+    // (4 interleaved pairs); 128-row slices were no better, 32-row ones worse.
     let grid = TaskGrid::new(
         p.n_groups,
         m.div_ceil(amx::TM),
         pool.n_threads(),
-        usize::MAX,
+        SPLIT_ROWS / amx::TM,
     );
     let yp = SendPtr(y.as_mut_ptr());
     pool.parallel_for(grid.tasks(), &|task| {
@@ -423,12 +428,10 @@ mod tests {
         (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
     }
 
-    /// The model against a hand-computed product: row m of A is all `m - 8` (signed), row k
-    /// of B holds `n` in every byte of column n, so C[m][n] = Σ_k 4 · (m - 8) · n over K/4
-    /// rows = 16 · 4 · (m - 8) · n for K = 64.
     /// The tile kernel (on the model, and on the hardware where present) against the AVX-512
     /// VNNI kernel: the same integer sums and the same float operations, so the outputs must
-    /// be bit-identical, including tails (rows not a multiple of 16, m not a multiple of 16).
+    /// be bit-identical, including tails (rows not a multiple of 16, m not a multiple of 16) and
+    /// row slices.
     #[test]
     fn amx_tile_kernel_is_bit_identical_to_vnni() {
         if isa::detected() < Isa::Avx512 {
@@ -454,7 +457,8 @@ mod tests {
                 let w = rand_vec((ti * 1000 + rows) as u64, rows * cols);
                 let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
                 let p = mat.packed().expect("quantized types are packed");
-                for m in [8, 16, 17, 33, 50] {
+                // 150 rows: three row slices of at most 64 (the last a partial tile).
+                for m in [8, 16, 17, 33, 50, 150] {
                     let mut x = rand_vec((rows * cols + m) as u64, m * cols);
                     x[cols..2 * cols].iter_mut().for_each(|v| *v *= 30.0);
                     let mut act = QAct::default();
