@@ -384,7 +384,8 @@ pub(crate) fn matmul_amx_with<T: Tiles + Default>(
     // best call of many, 3 interleaved rounds) they took 576 × 576 from 571–596 to 512–531 µs,
     // 1536 × 576 from 1,223–1,267 to 1,094–1,157 and 576 × 1536 from 1,217–1,273 to
     // 1,131–1,150, and the default model's whole matmul set from 209–216 to 196–204 ms
-    // (4 interleaved pairs); 128-row slices were no better, 32-row ones worse.
+    // (4 interleaved pairs); 128-row slices were no better for the whole model, 32-row ones
+    // slower for two of the three matrices.
     let grid = TaskGrid::new(
         p.n_groups,
         m.div_ceil(amx::TM),
