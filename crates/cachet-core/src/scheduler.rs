@@ -312,6 +312,12 @@ impl<O: Observer> Scheduler<O> {
         &mut self.obs
     }
 
+    /// The observer, mutably, beside the KV manager (for a reader that settles the
+    /// observer's deferred work while it reads the pool).
+    pub fn observer_mut_and_kv(&mut self) -> (&mut O, &KvCacheManager) {
+        (&mut self.obs, &self.kv)
+    }
+
     pub fn config(&self) -> &SchedulerConfig {
         &self.cfg
     }

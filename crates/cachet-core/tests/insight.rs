@@ -321,7 +321,7 @@ fn the_inspector_knows_who_made_and_who_evicted_what() {
     run_one(&mut c, req("b", toks(0, 100), 1));
     run_one(&mut c, req("c", toks(0, 100), 1));
     let now = c.now;
-    let hot = c.s.observer().hottest(now, 3);
+    let hot = c.s.observer_mut().hottest(now, 3);
     assert_eq!(
         hot.iter()
             .map(|h| (h.depth, h.tokens, h.hits, h.created_by.as_deref()))

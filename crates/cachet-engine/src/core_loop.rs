@@ -133,19 +133,14 @@ impl<E: Executor> EngineCore<E> {
 
     /// Answer a question of the cache inspector at time `now`.
     pub fn inspect(
-        &self,
+        &mut self,
         q: crate::inspect::InspectQuery,
         now: f64,
     ) -> crate::inspect::InspectReply {
-        let s = &self.scheduler;
-        crate::inspect::answer(
-            q,
-            s.observer().as_ref(),
-            s.kv_manager().pool(),
-            s.config().block_size,
-            s.gauges(),
-            now,
-        )
+        let s = &mut self.scheduler;
+        let (block_size, gauges) = (s.config().block_size, s.gauges());
+        let (rec, kv) = s.observer_mut_and_kv();
+        crate::inspect::answer(q, rec.as_mut(), kv.pool(), block_size, gauges, now)
     }
 
     /// The last step had nothing to execute: every live request waits for external loads.

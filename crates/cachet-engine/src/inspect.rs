@@ -79,7 +79,7 @@ pub enum InspectReply {
 /// Answer `q` from the recorder (`None` with reporting off) and the pool at time `now`.
 pub(crate) fn answer(
     q: InspectQuery,
-    rec: Option<&Recorder>,
+    rec: Option<&mut Recorder>,
     pool: &BlockPool,
     block_size: usize,
     gauges: Gauges,

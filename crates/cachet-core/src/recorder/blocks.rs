@@ -257,6 +257,10 @@ impl BlockIndex {
         }
     }
 
+    pub(crate) fn block_size(&self) -> usize {
+        self.b
+    }
+
     fn n(&self, block: BlockId) -> Option<&Node> {
         self.slots.get(block as usize).map(|s| &s.n)
     }
@@ -303,6 +307,7 @@ impl BlockIndex {
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
+    #[cfg(test)]
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
         self.is_cached(block as usize) && self.hashes.get(block as usize) == Some(&wire_hash(hash))
     }

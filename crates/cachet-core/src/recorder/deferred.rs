@@ -1,5 +1,6 @@
-//! Work the recorder defers and does in batches, because what it touches is cold: evictions
-//! queued for the block index, and the releases of lifecycles dropped from the history (with
+//! Work the recorder defers and does in batches, because what it touches is cold: new entries
+//! and evictions queued for the block index (one ordered list, so the index ends as if each had
+//! been applied at once), and the releases of lifecycles dropped from the history (with
 //! the buffers they leave, kept for new requests). Each batch prefetches its lines ahead.
 
 use super::blocks::{BlockIndex, Creators, NONE};
@@ -25,10 +26,40 @@ struct PendingEviction {
     event: u32,
 }
 
-/// Evictions not yet applied to the block index, in order.
+/// An entry the block index has not seen yet (see [`Evictions::push_create`]).
+#[derive(Clone, Copy, Debug)]
+struct PendingCreate {
+    block: BlockId,
+    hash: crate::hash::BlockHash,
+    depth: u32,
+    /// `BlockId::MAX`: none known; `NONE_PARENT`: depth 0.
+    parent: BlockId,
+    root_key: u64,
+    creator: u32,
+    now: f64,
+    hold: bool,
+    /// Offset of its tokens in [`Evictions::tokens`].
+    tok: u32,
+}
+
+/// Depth 0: no parent at all.
+const NO_PARENT: BlockId = BlockId::MAX - 1;
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Evict(PendingEviction),
+    Create(PendingCreate),
+    Release(u32),
+}
+
+/// Evictions and new entries not yet applied to the block index, in order, with the new
+/// entries' tokens. A fill creates one entry per call, and its lines (the entry's, the
+/// parent's children's head) are cold: applied one by one, each waited for its misses; queued
+/// and applied together, [`AHEAD`] are in flight at once.
 #[derive(Debug, Default)]
 pub(super) struct Evictions {
-    pending: Vec<PendingEviction>,
+    pending: Vec<Op>,
+    tokens: Vec<crate::TokenId>,
 }
 
 impl Evictions {
@@ -41,12 +72,50 @@ impl Evictions {
     /// event `event` of its lifecycle (`NONE`: not recorded).
     #[inline]
     pub(super) fn push(&mut self, block: BlockId, slot: u32, event: u32) {
-        self.pending.push(PendingEviction { block, slot, event });
+        self.pending
+            .push(Op::Evict(PendingEviction { block, slot, event }));
+    }
+
+    /// A new entry in `block` (see [`BlockIndex::create`]); `parent`: `None` at depth 0.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn push_create(
+        &mut self,
+        block: BlockId,
+        hash: crate::hash::BlockHash,
+        depth: u32,
+        parent: Option<BlockId>,
+        tokens: &[crate::TokenId],
+        root_key: u64,
+        creator: u32,
+        now: f64,
+        hold: bool,
+    ) {
+        let tok = self.tokens.len() as u32;
+        self.tokens.extend_from_slice(tokens);
+        self.pending.push(Op::Create(PendingCreate {
+            block,
+            hash,
+            depth,
+            parent: parent.unwrap_or(NO_PARENT),
+            root_key,
+            creator,
+            now,
+            hold,
+            tok,
+        }));
+    }
+
+    /// One hold of `creator` to release after what is queued before it.
+    pub(super) fn push_release(&mut self, creator: u32) {
+        self.pending.push(Op::Release(creator));
     }
 
     /// The blocks whose eviction has not reached the index.
     pub(super) fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.pending.iter().map(|p| p.block)
+        self.pending.iter().filter_map(|p| match p {
+            Op::Evict(e) => Some(e.block),
+            _ => None,
+        })
     }
 
     /// Apply them to `index`, in order: each entry's creator passes to the `evicted` event
@@ -55,16 +124,47 @@ impl Evictions {
     pub(super) fn apply(&mut self, index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
         let Some(ix) = index else {
             self.pending.clear();
+            self.tokens.clear();
             return;
         };
+        let prefetch = |ix: &BlockIndex, op: &Op| match *op {
+            Op::Evict(e) => ix.prefetch_slot(e.block),
+            Op::Create(c) => {
+                ix.prefetch_create(c.block, (c.parent < NO_PARENT).then_some(c.parent))
+            }
+            Op::Release(_) => {}
+        };
         for p in self.pending.iter().take(AHEAD) {
-            ix.prefetch_slot(p.block);
+            prefetch(ix, p);
         }
+        let b = ix.block_size();
         for k in 0..self.pending.len() {
             if let Some(q) = self.pending.get(k + AHEAD) {
-                ix.prefetch_slot(q.block);
+                prefetch(ix, q);
             }
-            let p = self.pending[k];
+            let p = match self.pending[k] {
+                Op::Evict(p) => p,
+                Op::Create(c) => {
+                    let t = c.tok as usize;
+                    let parent = (c.parent != NO_PARENT).then_some(c.parent);
+                    ix.create(
+                        c.block,
+                        c.hash,
+                        c.depth,
+                        parent,
+                        &self.tokens[t..t + b],
+                        c.root_key,
+                        c.creator,
+                        c.now,
+                        c.hold,
+                    );
+                    continue;
+                }
+                Op::Release(c) => {
+                    ix.creators.release(c);
+                    continue;
+                }
+            };
             let owner = ix.evicted(p.block);
             let h = (p.event != NONE)
                 .then(|| hot.get_mut(p.slot as usize))
@@ -81,6 +181,7 @@ impl Evictions {
             }
         }
         self.pending.clear();
+        self.tokens.clear();
     }
 }
 

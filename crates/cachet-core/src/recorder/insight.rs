@@ -564,21 +564,12 @@ impl Insight {
         blocks: &[BlockId],
         now: f64,
     ) {
-        self.flush();
         let b = self.block_size;
         // What this touches is cold (a decode block was allocated 16 steps ago): the request's
-        // hot line, the new entries' lines and their parents', loaded together.
+        // hot line first. The new entries are queued for the index, in order with the
+        // evictions, and applied in a batch with their lines prefetched ahead.
         if let Some(h) = slot.and_then(|s| self.hot.get(s as usize)) {
             super::prefetch(h);
-        }
-        if let (Some(ix), false) = (self.index.as_ref(), kv.created.is_empty()) {
-            for &i in &kv.created {
-                let i = i as usize;
-                if let Some(&blk) = blocks.get(i) {
-                    let parent = i.checked_sub(1).and_then(|p| blocks.get(p)).copied();
-                    ix.prefetch_create(blk, parent);
-                }
-            }
         }
         let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
         // The last lifecycle record, which the fill may join.
@@ -612,14 +603,16 @@ impl Insight {
                 // The parent's entry: usually the request's own block before it; a block the
                 // request recomputed while the entry lived elsewhere is found by hash. Without
                 // one the new entry is an orphan (a sentinel id no block has).
+                // (The pool's view: the index, once what is queued is applied, agrees.)
                 let parent = i
                     .checked_sub(1)
                     .map(|p| match (blocks.get(p), hashes.get(p)) {
-                        (Some(&pb), Some(ph)) if ix.holds(pb, ph) => pb,
+                        (Some(&pb), Some(ph)) if pool.block_hash(pb).as_ref() == Some(ph) => pb,
                         (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
                         _ => BlockId::MAX,
                     });
-                let made = ix.create(
+                let made = (blk as usize) < pool.num_blocks();
+                self.pending.push_create(
                     blk, h, i as u32, parent, toks, root_key, creator, now, temporary,
                 );
                 if let (true, Some(r)) = (made && !temporary, ri.as_deref_mut()) {
@@ -627,7 +620,7 @@ impl Insight {
                 }
             }
             if temporary {
-                ix.creators.release(creator);
+                self.pending.push_release(creator);
             }
         }
         let Some(ri) = ri else { return };
@@ -821,10 +814,10 @@ impl Insight {
         self.recent.iter()
     }
 
-    pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
-        // Blocks whose eviction has not reached the index yet are not cached.
-        let mut gone: Vec<BlockId> = self.pending.blocks().collect();
-        gone.sort_unstable();
+    pub(crate) fn hottest(&mut self, now: f64, n: usize) -> Vec<HotPrefix> {
+        self.flush();
+        // (Nothing is queued now; an eviction not applied would be listed here.)
+        let gone: Vec<BlockId> = self.pending.blocks().collect();
         self.index
             .as_ref()
             .map_or_else(Vec::new, |ix| ix.hottest(now, n, &gone))

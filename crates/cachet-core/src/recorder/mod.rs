@@ -189,8 +189,9 @@ impl Recorder {
         self.insight.lifecycle(request_id)
     }
 
-    /// The `n` cached prefixes lookups found most often (`now` for their ages).
-    pub fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
+    /// The `n` cached prefixes lookups found most often (`now` for their ages). `&mut`: the
+    /// block index's queued changes are applied first.
+    pub fn hottest(&mut self, now: f64, n: usize) -> Vec<HotPrefix> {
         self.insight.hottest(now, n)
     }
 
