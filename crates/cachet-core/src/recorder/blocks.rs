@@ -257,10 +257,6 @@ impl BlockIndex {
         }
     }
 
-    pub(crate) fn block_size(&self) -> usize {
-        self.b
-    }
-
     fn n(&self, block: BlockId) -> Option<&Node> {
         self.slots.get(block as usize).map(|s| &s.n)
     }

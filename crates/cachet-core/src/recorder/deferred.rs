@@ -32,14 +32,15 @@ struct PendingCreate {
     block: BlockId,
     hash: crate::hash::BlockHash,
     depth: u32,
-    /// `BlockId::MAX`: none known; `NONE_PARENT`: depth 0.
+    /// `BlockId::MAX`: none known; [`NO_PARENT`]: depth 0.
     parent: BlockId,
     root_key: u64,
     creator: u32,
     now: f64,
     hold: bool,
-    /// Offset of its tokens in [`Evictions::tokens`].
+    /// Offset and count of its tokens in [`Evictions::tokens`].
     tok: u32,
+    ntok: u32,
 }
 
 /// Depth 0: no parent at all.
@@ -102,6 +103,7 @@ impl Evictions {
             now,
             hold,
             tok,
+            ntok: tokens.len() as u32,
         }));
     }
 
@@ -137,7 +139,6 @@ impl Evictions {
         for p in self.pending.iter().take(AHEAD) {
             prefetch(ix, p);
         }
-        let b = ix.block_size();
         for k in 0..self.pending.len() {
             if let Some(q) = self.pending.get(k + AHEAD) {
                 prefetch(ix, q);
@@ -147,17 +148,13 @@ impl Evictions {
                 Op::Create(c) => {
                     let t = c.tok as usize;
                     let parent = (c.parent != NO_PARENT).then_some(c.parent);
-                    ix.create(
-                        c.block,
-                        c.hash,
-                        c.depth,
-                        parent,
-                        &self.tokens[t..t + b],
-                        c.root_key,
-                        c.creator,
-                        c.now,
-                        c.hold,
-                    );
+                    // (`create` refuses tokens that are not one block's.)
+                    if let Some(tokens) = self.tokens.get(t..t + c.ntok as usize) {
+                        ix.create(
+                            c.block, c.hash, c.depth, parent, tokens, c.root_key, c.creator, c.now,
+                            c.hold,
+                        );
+                    }
                     continue;
                 }
                 Op::Release(c) => {
