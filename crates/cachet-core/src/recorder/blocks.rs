@@ -302,6 +302,11 @@ impl BlockIndex {
         }
     }
 
+    /// Whether [`BlockIndex::create`] makes an entry in `block` from `ntokens` tokens.
+    pub(crate) fn takes(&self, block: BlockId, ntokens: usize) -> bool {
+        (block as usize) < self.slots.len() && ntokens == self.b
+    }
+
     /// Whether `block` holds the entry `hash` as far as the index knows.
     #[cfg(test)]
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
@@ -407,7 +412,7 @@ impl BlockIndex {
         hold: bool,
     ) -> bool {
         let i = block as usize;
-        if i >= self.slots.len() || tokens.len() != self.b {
+        if !self.takes(block, tokens.len()) {
             return false;
         }
         if self.is_cached(i) {
@@ -557,20 +562,18 @@ impl BlockIndex {
 
     /// The `n` hottest cached prefixes: blocks found by the most lookups, each the deepest
     /// block of its run (a block whose cached child was found as often is reported as the
-    /// child), ties broken by depth. `gone` (sorted): blocks taken as not cached (evicted,
-    /// not yet applied).
-    pub(crate) fn hottest(&self, now: f64, n: usize, gone: &[BlockId]) -> Vec<HotPrefix> {
-        let is_gone = |b: u32| !gone.is_empty() && gone.binary_search(&b).is_ok();
+    /// child), ties broken by depth. (The caller applies queued changes first.)
+    pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
         for (i, m) in self.slots.iter().map(|s| &s.n).enumerate() {
             let hits = self.slots[i].c.hits;
-            if !m.cached() || hits == 0 || is_gone(i as u32) {
+            if !m.cached() || hits == 0 {
                 continue;
             }
             let mut c = self.first_child[i];
             let mut extended = false;
             while c != NONE {
-                if self.slots[c as usize].c.hits >= hits && !is_gone(c) {
+                if self.slots[c as usize].c.hits >= hits {
                     extended = true;
                     break;
                 }
@@ -669,7 +672,7 @@ mod tests {
         }
         ix.hit(2, 6.0);
         // Block 0 was found 3 times, more than either child: reported; 1 (2 hits) and 2 (1).
-        let hot = ix.hottest(10.0, 5, &[]);
+        let hot = ix.hottest(10.0, 5);
         let rows: Vec<_> = hot.iter().map(|p| (p.depth, p.tokens, p.hits)).collect();
         assert_eq!(rows, vec![(0, 4, 3), (1, 8, 2), (1, 8, 1)]);
         assert_eq!(hot[0].age_s, 10.0);
@@ -677,7 +680,7 @@ mod tests {
         // Once the child is found as often, the parent is covered by it.
         ix.hit(1, 7.0);
         let rows: Vec<_> = ix
-            .hottest(10.0, 5, &[])
+            .hottest(10.0, 5)
             .iter()
             .map(|p| (p.depth, p.hits))
             .collect();

@@ -26,25 +26,22 @@ struct PendingEviction {
     event: u32,
 }
 
-/// An entry the block index has not seen yet (see [`Evictions::push_create`]).
+/// An entry the block index has not seen yet (see [`IndexQueue::push_create`]).
 #[derive(Clone, Copy, Debug)]
 struct PendingCreate {
     block: BlockId,
     hash: crate::hash::BlockHash,
     depth: u32,
-    /// `BlockId::MAX`: none known; [`NO_PARENT`]: depth 0.
-    parent: BlockId,
+    /// `None` at depth 0; `Some(BlockId::MAX)`: none known.
+    parent: Option<BlockId>,
     root_key: u64,
     creator: u32,
     now: f64,
     hold: bool,
-    /// Offset and count of its tokens in [`Evictions::tokens`].
+    /// Offset and count of its tokens in [`IndexQueue::tokens`].
     tok: u32,
     ntok: u32,
 }
-
-/// Depth 0: no parent at all.
-const NO_PARENT: BlockId = BlockId::MAX - 1;
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
@@ -53,17 +50,17 @@ enum Op {
     Release(u32),
 }
 
-/// Evictions and new entries not yet applied to the block index, in order, with the new
+/// IndexQueue and new entries not yet applied to the block index, in order, with the new
 /// entries' tokens. A fill creates one entry per call, and its lines (the entry's, the
 /// parent's children's head) are cold: applied one by one, each waited for its misses; queued
 /// and applied together, [`AHEAD`] are in flight at once.
 #[derive(Debug, Default)]
-pub(super) struct Evictions {
+pub(super) struct IndexQueue {
     pending: Vec<Op>,
     tokens: Vec<crate::TokenId>,
 }
 
-impl Evictions {
+impl IndexQueue {
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
         self.pending.is_empty()
@@ -97,7 +94,7 @@ impl Evictions {
             block,
             hash,
             depth,
-            parent: parent.unwrap_or(NO_PARENT),
+            parent,
             root_key,
             creator,
             now,
@@ -112,14 +109,6 @@ impl Evictions {
         self.pending.push(Op::Release(creator));
     }
 
-    /// The blocks whose eviction has not reached the index.
-    pub(super) fn blocks(&self) -> impl Iterator<Item = BlockId> + '_ {
-        self.pending.iter().filter_map(|p| match p {
-            Op::Evict(e) => Some(e.block),
-            _ => None,
-        })
-    }
-
     /// Apply them to `index`, in order: each entry's creator passes to the `evicted` event
     /// recorded for it (and its lifecycle's owners, in `hot` by slot), or is released.
     #[inline(never)]
@@ -131,9 +120,7 @@ impl Evictions {
         };
         let prefetch = |ix: &BlockIndex, op: &Op| match *op {
             Op::Evict(e) => ix.prefetch_slot(e.block),
-            Op::Create(c) => {
-                ix.prefetch_create(c.block, (c.parent < NO_PARENT).then_some(c.parent))
-            }
+            Op::Create(c) => ix.prefetch_create(c.block, c.parent),
             Op::Release(_) => {}
         };
         for p in self.pending.iter().take(AHEAD) {
@@ -147,12 +134,11 @@ impl Evictions {
                 Op::Evict(p) => p,
                 Op::Create(c) => {
                     let t = c.tok as usize;
-                    let parent = (c.parent != NO_PARENT).then_some(c.parent);
                     // (`create` refuses tokens that are not one block's.)
                     if let Some(tokens) = self.tokens.get(t..t + c.ntok as usize) {
                         ix.create(
-                            c.block, c.hash, c.depth, parent, tokens, c.root_key, c.creator, c.now,
-                            c.hold,
+                            c.block, c.hash, c.depth, c.parent, tokens, c.root_key, c.creator,
+                            c.now, c.hold,
                         );
                     }
                     continue;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::blocks::{BlockIndex, NONE};
-use super::deferred::{Evictions, Retirement};
+use super::deferred::{IndexQueue, Retirement};
 use super::divergence::{ContextTokens, Divergence, DIVERGENCE_CONTEXT};
 use super::hot::Hot;
 use super::shadow::{Shadow, SCALES};
@@ -152,8 +152,9 @@ pub(crate) struct Insight {
     /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
     /// are kept).
     hot: Vec<Hot>,
-    /// Evictions not yet applied to the block index, in order ([`Insight::flush`]).
-    pending: Evictions,
+    /// New entries and evictions not yet applied to the block index, in order
+    /// ([`Insight::flush`]).
+    pending: IndexQueue,
 }
 
 impl Insight {
@@ -168,7 +169,7 @@ impl Insight {
             retirement: Retirement::default(),
             recent: VecDeque::new(),
             hot: Vec::new(),
-            pending: Evictions::default(),
+            pending: IndexQueue::default(),
         }
     }
 
@@ -611,7 +612,7 @@ impl Insight {
                         (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
                         _ => BlockId::MAX,
                     });
-                let made = (blk as usize) < pool.num_blocks();
+                let made = ix.takes(blk, toks.len());
                 self.pending.push_create(
                     blk, h, i as u32, parent, toks, root_key, creator, now, temporary,
                 );
@@ -816,10 +817,8 @@ impl Insight {
 
     pub(crate) fn hottest(&mut self, now: f64, n: usize) -> Vec<HotPrefix> {
         self.flush();
-        // (Nothing is queued now; an eviction not applied would be listed here.)
-        let gone: Vec<BlockId> = self.pending.blocks().collect();
         self.index
             .as_ref()
-            .map_or_else(Vec::new, |ix| ix.hottest(now, n, &gone))
+            .map_or_else(Vec::new, |ix| ix.hottest(now, n))
     }
 }
