@@ -6,7 +6,7 @@
 //!
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
 //! inspector, which is rare: an entry is one 64-byte line, what its creation and eviction touch
-//! (its hash, its sibling links, its creator) first, what only queries read (times, hits, depth,
+//! (its hash, its sibling links, its children's head, its creator) first, what only queries read (times, hits, depth,
 //! root key) after it, left stale when the entry goes; creators are ids into a small
 //! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference count
 //! on a label that may have gone cold long ago.
@@ -35,6 +35,8 @@ struct Node {
     parent: u32,
     next: u32,
     prev: u32,
+    /// The head of its children's list (most recently used first).
+    first_child: u32,
     /// Id in [`Creators`] (`NONE` when not cached).
     creator: u32,
     /// `CACHED`, and `LINKED`: in a sibling list (a root's list, or its parent's children).
@@ -46,6 +48,7 @@ const EMPTY: Node = Node {
     parent: NONE,
     next: NONE,
     prev: NONE,
+    first_child: NONE,
     creator: NONE,
     flags: 0,
 };
@@ -88,6 +91,8 @@ struct Slot {
     n: Node,
     c: Cold,
 }
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 64);
 
 /// Labels of the requests that created entries (or that a kept lifecycle names as an evicted
 /// entry's owner), by id, each with a count of its holders: the live request itself, each
@@ -175,30 +180,6 @@ impl Creators {
 /// The count of an id held by a live request, before its entries' and events' holds.
 const LIVE: u32 = 1 << 31;
 
-/// `dst.copy_from_slice(src)` with stores that bypass the caches: a block's tokens are read
-/// only when it is a divergence candidate, so writing them should not push out what the step
-/// reads next.
-fn write_around_cache(dst: &mut [TokenId], src: &[TokenId]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        for (d, &s) in dst.iter_mut().zip(src) {
-            // SAFETY: `d` is a valid, aligned, exclusive reference to 4 bytes; SSE2 is part of
-            // x86_64. The store is weakly ordered only towards other threads, and the index
-            // is read by this thread alone.
-            unsafe {
-                std::arch::x86_64::_mm_stream_si32((d as *mut TokenId).cast::<i32>(), s as i32)
-            };
-        }
-        // Non-temporal stores must be fenced by the storing thread before anything else reads
-        // the memory (the contract of `_mm_stream_si32`; Rust's memory model has no weakly
-        // ordered store otherwise).
-        // SAFETY: SSE2 is part of x86_64.
-        unsafe { std::arch::x86_64::_mm_sfence() };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    dst.copy_from_slice(src);
-}
-
 /// One of the hottest cached prefixes (`GET /v1/cache`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct HotPrefix {
@@ -233,11 +214,6 @@ pub(crate) struct BlockIndex {
     /// Bit `i`: block `i` holds an entry (its slot's `CACHED`), dense so that creating an entry
     /// need not read the slot first.
     cached: Vec<u64>,
-    /// By block: the entry's hash (its slot's `hash`) and the head of its children's list,
-    /// dense, so that creating an entry under a parent reads none of the parent's slot (the
-    /// parent of a decode block was created 16 steps ago: its line is long gone).
-    hashes: Vec<u64>,
-    first_child: Vec<u32>,
     tokens: Vec<TokenId>,
     root_first: u32,
     pub(crate) creators: Creators,
@@ -249,8 +225,6 @@ impl BlockIndex {
             b: block_size,
             slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
             cached: vec![0; num_blocks.div_ceil(64)],
-            hashes: vec![0; num_blocks],
-            first_child: vec![NONE; num_blocks],
             tokens: vec![0; num_blocks * block_size],
             root_first: NONE,
             creators: Creators::default(),
@@ -280,17 +254,18 @@ impl BlockIndex {
     }
 
     /// Start loading what creating an entry in `block` under `parent` touches: the entry's
-    /// line (written whole), the parent's children's head and its hash.
+    /// line, the parent's (its children's head) and the entry's tokens.
     #[inline]
     pub(crate) fn prefetch_create(&self, block: BlockId, parent: Option<BlockId>) {
         if let Some(s) = self.slots.get(block as usize) {
             super::prefetch(s);
         }
-        if let Some(p) = parent.and_then(|p| self.first_child.get(p as usize)) {
+        if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
             super::prefetch(p);
         }
-        if let Some(p) = parent.and_then(|p| self.hashes.get(p as usize)) {
-            super::prefetch(p);
+        // Its tokens, written (a block of 16 tokens is one line).
+        if let Some(t) = self.tokens.get(block as usize * self.b) {
+            super::prefetch(t);
         }
     }
 
@@ -298,6 +273,34 @@ impl BlockIndex {
     #[inline]
     pub(crate) fn prefetch_slot(&self, block: BlockId) {
         if let Some(s) = self.slots.get(block as usize) {
+            super::prefetch(s);
+        }
+    }
+
+    /// The second stage of [`BlockIndex::prefetch_slot`], once its lines have arrived: the
+    /// lines reached through them, which evicting or moving `block` writes (its siblings', its
+    /// first child's).
+    #[inline]
+    pub(crate) fn prefetch_links(&self, block: BlockId) {
+        let Some(m) = self.n(block) else {
+            return;
+        };
+        for j in [m.prev, m.next, m.first_child] {
+            if let Some(s) = self.slots.get(j as usize) {
+                super::prefetch(s);
+            }
+        }
+    }
+
+    /// The second stage of [`BlockIndex::prefetch_create`]: the line of the sibling the new
+    /// entry goes in front of.
+    #[inline]
+    pub(crate) fn prefetch_head(&self, parent: Option<BlockId>) {
+        let head = match parent {
+            Some(p) => self.n(p).map_or(NONE, |m| m.first_child),
+            None => self.root_first,
+        };
+        if let Some(s) = self.slots.get(head as usize) {
             super::prefetch(s);
         }
     }
@@ -310,7 +313,7 @@ impl BlockIndex {
     /// Whether `block` holds the entry `hash` as far as the index knows.
     #[cfg(test)]
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
-        self.is_cached(block as usize) && self.hashes.get(block as usize) == Some(&wire_hash(hash))
+        self.is_cached(block as usize) && self.n(block).map(|m| m.hash) == Some(wire_hash(hash))
     }
 
     /// The request that created the entry `block` holds.
@@ -324,7 +327,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first
         } else {
-            self.first_child[parent as usize]
+            self.slots[parent as usize].n.first_child
         }
     }
 
@@ -332,7 +335,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first = v;
         } else {
-            self.first_child[parent as usize] = v;
+            self.slots[parent as usize].n.first_child = v;
         }
     }
 
@@ -433,13 +436,12 @@ impl BlockIndex {
         let head = if orphan { NONE } else { self.head(parent) };
         self.set_cached(i, true);
         let wire = wire_hash(&hash);
-        self.hashes[i] = wire;
-        self.first_child[i] = NONE;
         self.slots[i].n = Node {
             hash: wire,
             parent,
             next: head,
             prev: NONE,
+            first_child: NONE,
             creator,
             flags: if orphan { CACHED } else { CACHED | LINKED },
         };
@@ -450,7 +452,7 @@ impl BlockIndex {
             hits: 0,
             depth,
         };
-        write_around_cache(&mut self.tokens[i * self.b..(i + 1) * self.b], tokens);
+        self.tokens[i * self.b..(i + 1) * self.b].copy_from_slice(tokens);
         if !orphan {
             if head != NONE {
                 self.slots[head as usize].n.prev = block;
@@ -489,8 +491,7 @@ impl BlockIndex {
         }
         self.set_cached(i, false);
         self.unlink(block);
-        let mut c = self.first_child[i];
-        self.first_child[i] = NONE;
+        let mut c = self.slots[i].n.first_child;
         while c != NONE {
             let m = &mut self.slots[c as usize].n;
             let next = m.next;
@@ -518,7 +519,6 @@ impl BlockIndex {
             self.slots[i].c = COLD;
         }
         self.cached.fill(0);
-        self.first_child.fill(NONE);
         self.root_first = NONE;
     }
 
@@ -534,10 +534,7 @@ impl BlockIndex {
         const MAX_SCAN: usize = 64;
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => {
-                self.n(p).filter(|m| m.cached())?;
-                self.first_child[p as usize]
-            }
+            Some(p) => self.n(p).filter(|m| m.cached())?.first_child,
         };
         let mut scanned = 0;
         while c != NONE && scanned < MAX_SCAN {
@@ -570,7 +567,7 @@ impl BlockIndex {
             if !m.cached() || hits == 0 {
                 continue;
             }
-            let mut c = self.first_child[i];
+            let mut c = m.first_child;
             let mut extended = false;
             while c != NONE {
                 if self.slots[c as usize].c.hits >= hits {
@@ -606,7 +603,7 @@ impl BlockIndex {
         let mut v = Vec::new();
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.first_child[p as usize],
+            Some(p) => self.slots[p as usize].n.first_child,
         };
         while c != NONE {
             v.push(c);
