@@ -6,8 +6,8 @@
 //!
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
 //! inspector, which is rare: an entry is one 64-byte line, what its creation and eviction touch
-//! (its hash, its sibling links, its children's head, its creator) first, what only queries read (times, hits, depth,
-//! root key) after it, left stale when the entry goes; creators are ids into a small
+//! (its hash, its sibling links, its children's head, its creator) first, what only queries
+//! read (times, hits, depth, root key) after it, left stale when the entry goes; creators are ids into a small
 //! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference count
 //! on a label that may have gone cold long ago.
 
@@ -273,34 +273,6 @@ impl BlockIndex {
     #[inline]
     pub(crate) fn prefetch_slot(&self, block: BlockId) {
         if let Some(s) = self.slots.get(block as usize) {
-            super::prefetch(s);
-        }
-    }
-
-    /// The second stage of [`BlockIndex::prefetch_slot`], once its lines have arrived: the
-    /// lines reached through them, which evicting or moving `block` writes (its siblings', its
-    /// first child's).
-    #[inline]
-    pub(crate) fn prefetch_links(&self, block: BlockId) {
-        let Some(m) = self.n(block) else {
-            return;
-        };
-        for j in [m.prev, m.next, m.first_child] {
-            if let Some(s) = self.slots.get(j as usize) {
-                super::prefetch(s);
-            }
-        }
-    }
-
-    /// The second stage of [`BlockIndex::prefetch_create`]: the line of the sibling the new
-    /// entry goes in front of.
-    #[inline]
-    pub(crate) fn prefetch_head(&self, parent: Option<BlockId>) {
-        let head = match parent {
-            Some(p) => self.n(p).map_or(NONE, |m| m.first_child),
-            None => self.root_first,
-        };
-        if let Some(s) = self.slots.get(head as usize) {
             super::prefetch(s);
         }
     }

@@ -1,6 +1,6 @@
-//! Work the recorder defers and does in batches, because what it touches is cold: new entries,
-//! evictions and hits queued for the block index (one ordered list, so the index ends as if each
-//! had been applied at once), and the releases of lifecycles dropped from the history (with
+//! Work the recorder defers and does in batches, because what it touches is cold: new entries
+//! and evictions queued for the block index (one ordered list, so the index ends as if each had
+//! been applied at once), and the releases of lifecycles dropped from the history (with
 //! the buffers they leave, kept for new requests). Each batch prefetches its lines ahead.
 
 use super::blocks::{BlockIndex, Creators, NONE};
@@ -48,17 +48,12 @@ enum Op {
     Evict(PendingEviction),
     Create(PendingCreate),
     Release(u32),
-    /// A lookup found `block` at `now` ([`BlockIndex::hit`]).
-    Hit(BlockId, f64),
 }
 
-/// Evictions, new entries and hits not yet applied to the block index, in order, with the new
+/// IndexQueue and new entries not yet applied to the block index, in order, with the new
 /// entries' tokens. A fill creates one entry per call, and its lines (the entry's, the
 /// parent's children's head) are cold: applied one by one, each waited for its misses; queued
-/// and applied together, [`AHEAD`] are in flight at once. The queue is applied before anything
-/// reads the index, and before a request's [`Hot`] state that a queued eviction names
-/// ([`Hot::queued`]) is taken or replaced; nothing else waits for it, so a step's fills and
-/// evictions are applied in one batch at the next lookup.
+/// and applied together, [`AHEAD`] are in flight at once.
 #[derive(Debug, Default)]
 pub(super) struct IndexQueue {
     pending: Vec<Op>,
@@ -114,24 +109,11 @@ impl IndexQueue {
         self.pending.push(Op::Release(creator));
     }
 
-    /// A lookup found `block` at `now`.
-    #[inline]
-    pub(super) fn push_hit(&mut self, block: BlockId, now: f64) {
-        self.pending.push(Op::Hit(block, now));
-    }
-
     /// Apply them to `index`, in order: each entry's creator passes to the `evicted` event
     /// recorded for it (and its lifecycle's owners, in `hot` by slot), or is released.
     #[inline(never)]
     pub(super) fn apply(&mut self, index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
         let Some(ix) = index else {
-            for op in &self.pending {
-                if let Op::Evict(e) = op {
-                    if let Some(h) = hot.get_mut(e.slot as usize) {
-                        h.queued = false;
-                    }
-                }
-            }
             self.pending.clear();
             self.tokens.clear();
             return;
@@ -139,28 +121,14 @@ impl IndexQueue {
         let prefetch = |ix: &BlockIndex, op: &Op| match *op {
             Op::Evict(e) => ix.prefetch_slot(e.block),
             Op::Create(c) => ix.prefetch_create(c.block, c.parent),
-            Op::Hit(b, _) => ix.prefetch_slot(b),
-            Op::Release(_) => {}
-        };
-        // Second stage, half as far ahead: the lines found through those the first loaded.
-        let follow = |ix: &BlockIndex, op: &Op| match *op {
-            Op::Evict(e) => ix.prefetch_links(e.block),
-            Op::Create(c) => ix.prefetch_head(c.parent),
-            Op::Hit(b, _) => ix.prefetch_links(b),
             Op::Release(_) => {}
         };
         for p in self.pending.iter().take(AHEAD) {
             prefetch(ix, p);
         }
-        for p in self.pending.iter().take(AHEAD / 2) {
-            follow(ix, p);
-        }
         for k in 0..self.pending.len() {
             if let Some(q) = self.pending.get(k + AHEAD) {
                 prefetch(ix, q);
-            }
-            if let Some(q) = self.pending.get(k + AHEAD / 2) {
-                follow(ix, q);
             }
             let p = match self.pending[k] {
                 Op::Evict(p) => p,
@@ -179,18 +147,11 @@ impl IndexQueue {
                     ix.creators.release(c);
                     continue;
                 }
-                Op::Hit(b, now) => {
-                    ix.hit(b, now);
-                    continue;
-                }
             };
             let owner = ix.evicted(p.block);
-            let mut h = (p.event != NONE)
+            let h = (p.event != NONE)
                 .then(|| hot.get_mut(p.slot as usize))
                 .flatten();
-            if let Some(h) = h.as_mut() {
-                h.queued = false;
-            }
             match (h, owner) {
                 (Some(h), Some(o)) => {
                     if let Some(e) = h.life.as_mut().and_then(|l| l.get_mut(p.event as usize)) {

@@ -28,10 +28,6 @@ pub(crate) struct Hot {
     pub(super) dropped: u32,
     /// The lifecycle's events, counted once it has [`MERGED_RECORDS`] records (0 before).
     pub(super) counted: u32,
-    /// An eviction queued for the block index names an event of this lifecycle (its owner is
-    /// filled in when the queue is applied): the queue is applied before this state is taken
-    /// or replaced ([`super::deferred::IndexQueue`]).
-    pub(super) queued: bool,
 }
 
 impl Default for Hot {
@@ -44,7 +40,6 @@ impl Default for Hot {
             dropped: 0,
             entries: 0,
             counted: 0,
-            queued: false,
         }
     }
 }

@@ -173,22 +173,13 @@ impl Insight {
         }
     }
 
-    /// Apply what is queued for the block index, in order: each evicted entry's creator passes
+    /// Apply the pending evictions to the block index, in order: each entry's creator passes
     /// to the `evicted` event recorded for it (and its lifecycle's owners), or is released.
-    /// Called before anything reads the index, so nothing sees it late.
+    /// Called before anything reads or changes the index, so nothing sees it late.
     #[inline]
     fn flush(&mut self) {
         if !self.pending.is_empty() {
             self.pending.apply(self.index.as_mut(), &mut self.hot);
-        }
-    }
-
-    /// [`Insight::flush`] if a queued eviction names the lifecycle in `slot`, before its hot
-    /// state is taken or replaced (else the queue waits for the next read of the index).
-    #[inline]
-    fn flush_for(&mut self, slot: u32) {
-        if self.hot.get(slot as usize).is_some_and(|h| h.queued) {
-            self.flush();
         }
     }
 
@@ -227,7 +218,7 @@ impl Insight {
         adapter: Option<&str>,
         blocks: usize,
     ) -> RequestInsight {
-        self.flush_for(slot);
+        self.flush();
         if self.keeps_hot() {
             let (life, owners) = if self.cfg.request_history > 0 {
                 let (mut v, o) = self.retirement.spare();
@@ -266,7 +257,7 @@ impl Insight {
         child_slot: u32,
         tenant: Option<usize>,
     ) -> RequestInsight {
-        self.flush_for(child_slot);
+        self.flush();
         if self.keeps_hot() {
             let (root_key, keeps) = self
                 .hot
@@ -433,9 +424,12 @@ impl Insight {
         first: bool,
         now: f64,
     ) {
-        if first && self.index.is_some() {
-            for &blk in blocks.iter().take(hits) {
-                self.pending.push_hit(blk, now);
+        self.flush();
+        if first {
+            if let Some(ix) = self.index.as_mut() {
+                for &blk in blocks.iter().take(hits) {
+                    ix.hit(blk, now);
+                }
             }
         }
         let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
@@ -525,9 +519,6 @@ impl Insight {
             }
             if self.index.is_some() {
                 self.pending.push(e.block, slot.unwrap_or(NONE), event);
-                if let (Some(ri), true) = (ri.as_deref_mut(), event != NONE) {
-                    ri.queued = true;
-                }
             }
         }
         if let Some(sh) = self.shadow.as_mut() {
@@ -711,7 +702,7 @@ impl Insight {
         stats: Option<PrefillStats>,
         primary: bool,
     ) {
-        self.flush_for(slot);
+        self.flush();
         let tenant = self.tenant_name(ri.tenant);
         if primary {
             if self.recent.len() == RECENT_REQUESTS {
