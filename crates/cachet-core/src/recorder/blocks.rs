@@ -214,18 +214,25 @@ pub(crate) struct BlockIndex {
     /// Bit `i`: block `i` holds an entry (its slot's `CACHED`), dense so that creating an entry
     /// need not read the slot first.
     cached: Vec<u64>,
+    /// Entries' tokens, block `i`'s at `tok0 + i·B`: `tok0` puts them on a 64-byte boundary, so
+    /// that a 16-token block is one line (written whole at creation), not parts of two.
     tokens: Vec<TokenId>,
+    tok0: usize,
     root_first: u32,
     pub(crate) creators: Creators,
 }
 
 impl BlockIndex {
     pub(crate) fn new(num_blocks: usize, block_size: usize) -> Self {
+        const LINE: usize = 64 / std::mem::size_of::<TokenId>();
+        let tokens = vec![0; num_blocks * block_size + LINE];
+        let tok0 = tokens.as_ptr().align_offset(64).min(LINE);
         BlockIndex {
             b: block_size,
             slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
             cached: vec![0; num_blocks.div_ceil(64)],
-            tokens: vec![0; num_blocks * block_size],
+            tokens,
+            tok0,
             root_first: NONE,
             creators: Creators::default(),
         }
@@ -264,7 +271,7 @@ impl BlockIndex {
             super::prefetch(p);
         }
         // Its tokens, written (a block of 16 tokens is one line).
-        if let Some(t) = self.tokens.get(block as usize * self.b) {
+        if let Some(t) = self.tokens.get(self.tok0 + block as usize * self.b) {
             super::prefetch(t);
         }
     }
@@ -424,7 +431,8 @@ impl BlockIndex {
             hits: 0,
             depth,
         };
-        self.tokens[i * self.b..(i + 1) * self.b].copy_from_slice(tokens);
+        let t = self.tok0 + i * self.b;
+        self.tokens[t..t + self.b].copy_from_slice(tokens);
         if !orphan {
             if head != NONE {
                 self.slots[head as usize].n.prev = block;
@@ -513,7 +521,8 @@ impl BlockIndex {
             scanned += 1;
             let next = self.slots[c as usize].n.next;
             if parent.is_some() || self.slots[c as usize].c.root_key == root_key {
-                let theirs = &self.tokens[c as usize * self.b..(c as usize + 1) * self.b];
+                let t = self.tok0 + c as usize * self.b;
+                let theirs = &self.tokens[t..t + self.b];
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });
                 }
@@ -525,8 +534,8 @@ impl BlockIndex {
 
     /// Tokens of a cached block.
     pub(crate) fn tokens(&self, block: BlockId) -> &[TokenId] {
-        let i = block as usize;
-        self.tokens.get(i * self.b..(i + 1) * self.b).unwrap_or(&[])
+        let t = self.tok0 + block as usize * self.b;
+        self.tokens.get(t..t + self.b).unwrap_or(&[])
     }
 
     /// The `n` hottest cached prefixes: blocks found by the most lookups, each the deepest
@@ -624,6 +633,19 @@ mod tests {
         assert!(ix.siblings(None).is_empty());
         assert!(ix.holds(1, &h(1)) && !ix.holds(0, &h(0)));
         assert_eq!(ix.diverging_sibling(Some(0), 0, &[3, 9]), None);
+    }
+
+    /// A 16-token block's tokens are one cache line: written whole, never half of two.
+    #[test]
+    fn a_blocks_tokens_start_on_a_line() {
+        for n in [1, 7, 1000] {
+            let ix = BlockIndex::new(n, 16);
+            for blk in [0, n - 1] {
+                let first = &ix.tokens[ix.tok0 + blk * 16] as *const TokenId as usize;
+                assert_eq!(first % 64, 0, "{n} blocks, block {blk}");
+            }
+            assert_eq!(ix.tokens(0).len(), 16);
+        }
     }
 
     #[test]

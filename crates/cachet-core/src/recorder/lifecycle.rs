@@ -1,5 +1,5 @@
 //! A request's block lifecycle (`GET /v1/cache/requests/{id}`): the events as the step records
-//! them (24-byte [`Ev`]s whose evicted-entry owners are ids of the block index's
+//! them (32-byte [`Ev`]s whose evicted-entry owners are ids of the block index's
 //! [`Creators`]), and what the inspector is answered ([`BlockEvent`], [`RequestLifecycle`]).
 
 use std::sync::Arc;
@@ -65,7 +65,7 @@ pub struct RequestLifecycle {
     pub blocks_dropped: u64,
 }
 
-/// A lifecycle record as the step records it: 32 bytes, the evicted entry's owner an id of the
+/// A lifecycle record as the step records it: 32 bytes on a 32-byte boundary, the evicted entry's owner an id of the
 /// block index's [`Creators`] (held by the record until its lifecycle is dropped); made
 /// [`BlockEvent`]s when the inspector asks. A decode block's three events (the eviction of
 /// another's entry for it, its allocation and its fill) are one record: an `Allocated` one
@@ -73,6 +73,7 @@ pub struct RequestLifecycle {
 /// (`fill_hash`), expanded in that order ([`Ev::expand`]); merged only when nothing came
 /// between them, so the expansion is the events as they happened.
 #[derive(Clone, Copy, Debug)]
+#[repr(align(32))]
 pub(crate) struct Ev {
     pub(super) hash: u64,
     pub(super) fill_hash: u64,
@@ -247,3 +248,6 @@ pub(super) struct Kept {
 
 /// Spare lifecycle buffers kept for new requests (a dropped lifecycle's, cleared).
 pub(super) const SPARE_BUFFERS: usize = 64;
+
+// A record never straddles two lines (a fill reads the one its allocation wrote, long ago).
+const _: () = assert!(std::mem::size_of::<Ev>() == 32 && std::mem::align_of::<Ev>() == 32);
