@@ -1,7 +1,8 @@
 //! Work the recorder defers and does in batches, because what it touches is cold: new entries
-//! and evictions queued for the block index (one ordered list, so the index ends as if each had
-//! been applied at once), and the releases of lifecycles dropped from the history (with
-//! the buffers they leave, kept for new requests). Each batch prefetches its lines ahead.
+//! and evictions queued for the block index, and lifecycle fills (one ordered list, so the
+//! index and the lifecycles end as if each had been applied at once), and the releases of
+//! lifecycles dropped from the history (with the buffers they leave, kept for new requests).
+//! Each batch prefetches its lines ahead.
 
 use super::blocks::{BlockIndex, Creators, NONE};
 use super::hot::Hot;
@@ -43,11 +44,22 @@ struct PendingCreate {
     ntok: u32,
 }
 
+/// A block filled for the request in `slot`, for its lifecycle ([`Hot::record_fill`]).
+#[derive(Clone, Copy, Debug)]
+struct PendingFill {
+    slot: u32,
+    index: u32,
+    block: Option<BlockId>,
+    hash: Option<u64>,
+    new_entry: bool,
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Evict(PendingEviction),
     Create(PendingCreate),
     Release(u32),
+    Fill(PendingFill),
 }
 
 /// IndexQueue and new entries not yet applied to the block index, in order, with the new
@@ -58,12 +70,41 @@ enum Op {
 pub(super) struct IndexQueue {
     pending: Vec<Op>,
     tokens: Vec<crate::TokenId>,
+    /// `Fill`s among them.
+    fills: usize,
 }
 
 impl IndexQueue {
     #[inline]
     pub(super) fn is_empty(&self) -> bool {
         self.pending.is_empty()
+    }
+
+    /// Whether lifecycle fills are queued.
+    #[inline]
+    pub(super) fn has_fills(&self) -> bool {
+        self.fills > 0
+    }
+
+    /// Block `block` at `index` of the request in `slot` was filled (`hash`; `new_entry`: it
+    /// became a cache entry), for its lifecycle.
+    #[inline]
+    pub(super) fn push_fill(
+        &mut self,
+        slot: u32,
+        index: u32,
+        block: Option<BlockId>,
+        hash: Option<u64>,
+        new_entry: bool,
+    ) {
+        self.fills += 1;
+        self.pending.push(Op::Fill(PendingFill {
+            slot,
+            index,
+            block,
+            hash,
+            new_entry,
+        }));
     }
 
     /// `block`'s entry was evicted for the request in `slot` (`NONE`: none live), recorded as
@@ -109,33 +150,55 @@ impl IndexQueue {
         self.pending.push(Op::Release(creator));
     }
 
-    /// Apply them to `index`, in order: each entry's creator passes to the `evicted` event
-    /// recorded for it (and its lifecycle's owners, in `hot` by slot), or is released.
+    /// Apply them to `index` and the lifecycles in `hot`, in order: each entry's creator passes
+    /// to the `evicted` event recorded for it (and its lifecycle's owners, in `hot` by slot),
+    /// or is released. A fill's lines come in two stages: its hot line [`AHEAD`] before the
+    /// record it may join (whose address is in that line), [`AHEAD`] before it is applied.
     #[inline(never)]
-    pub(super) fn apply(&mut self, index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
-        let Some(ix) = index else {
-            self.pending.clear();
-            self.tokens.clear();
-            return;
+    pub(super) fn apply(&mut self, mut index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
+        let far = |ix: Option<&BlockIndex>, hot: &[Hot], op: &Op| match (*op, ix) {
+            (Op::Evict(e), Some(ix)) => ix.prefetch_slot(e.block),
+            (Op::Create(c), Some(ix)) => ix.prefetch_create(c.block, c.parent),
+            (Op::Fill(f), _) => {
+                if let Some(h) = hot.get(f.slot as usize) {
+                    super::prefetch(h);
+                }
+            }
+            _ => {}
         };
-        let prefetch = |ix: &BlockIndex, op: &Op| match *op {
-            Op::Evict(e) => ix.prefetch_slot(e.block),
-            Op::Create(c) => ix.prefetch_create(c.block, c.parent),
-            Op::Release(_) => {}
+        let near = |hot: &[Hot], op: &Op| {
+            if let Op::Fill(f) = *op {
+                if let Some(last) = hot
+                    .get(f.slot as usize)
+                    .and_then(|h| h.life.as_ref())
+                    .and_then(|l| l.last())
+                {
+                    super::prefetch(last);
+                }
+            }
         };
+        for p in self.pending.iter().take(2 * AHEAD) {
+            far(index.as_deref(), hot, p);
+        }
         for p in self.pending.iter().take(AHEAD) {
-            prefetch(ix, p);
+            near(hot, p);
         }
         for k in 0..self.pending.len() {
+            if let Some(q) = self.pending.get(k + 2 * AHEAD) {
+                far(index.as_deref(), hot, q);
+            }
             if let Some(q) = self.pending.get(k + AHEAD) {
-                prefetch(ix, q);
+                near(hot, q);
             }
             let p = match self.pending[k] {
                 Op::Evict(p) => p,
                 Op::Create(c) => {
                     let t = c.tok as usize;
                     // (`create` refuses tokens that are not one block's.)
-                    if let Some(tokens) = self.tokens.get(t..t + c.ntok as usize) {
+                    if let (Some(ix), Some(tokens)) = (
+                        index.as_deref_mut(),
+                        self.tokens.get(t..t + c.ntok as usize),
+                    ) {
                         ix.create(
                             c.block, c.hash, c.depth, c.parent, tokens, c.root_key, c.creator,
                             c.now, c.hold,
@@ -144,9 +207,20 @@ impl IndexQueue {
                     continue;
                 }
                 Op::Release(c) => {
-                    ix.creators.release(c);
+                    if let Some(ix) = index.as_deref_mut() {
+                        ix.creators.release(c);
+                    }
                     continue;
                 }
+                Op::Fill(f) => {
+                    if let Some(h) = hot.get_mut(f.slot as usize).filter(|h| h.life.is_some()) {
+                        h.record_fill(f.index, f.block, f.hash, f.new_entry);
+                    }
+                    continue;
+                }
+            };
+            let Some(ix) = index.as_deref_mut() else {
+                continue;
             };
             let owner = ix.evicted(p.block);
             let h = (p.event != NONE)
@@ -165,6 +239,7 @@ impl IndexQueue {
         }
         self.pending.clear();
         self.tokens.clear();
+        self.fills = 0;
     }
 }
 

@@ -1,45 +1,65 @@
 //! What a live request's block boundaries touch of its insight, dense by slot: its lifecycle
-//! as it is recorded (records merged while they fit [`MAX_BLOCK_EVENTS`]), its owners, its
-//! root key and its creator id.
+//! as it is recorded (records merged while they fit [`MAX_BLOCK_EVENTS`]) with its owners
+//! ([`Hot`]), and its root key, creator id and newest entry ([`Ids`]).
 
 use super::blocks::NONE;
-#[cfg(test)]
-use super::lifecycle::BlockEventKind;
-use super::lifecycle::{expanded_len, Ev, MAX_BLOCK_EVENTS, MERGED_RECORDS};
+use super::lifecycle::{
+    expanded_len, BlockEventKind, Ev, MAX_BLOCK_EVENTS, MERGED_RECORDS, NEW_ENTRY,
+};
+use crate::BlockId;
 
-/// What a live request's block boundaries touch of its insight, one cache line by slot: the
-/// lifecycle's buffers, its root key, its creator id and its entries' count. Kept apart from the request's
-/// record (hundreds of bytes, a line the step otherwise does not read) so that a thousand of
-/// them stay in the core's L2.
-#[derive(Debug)]
+/// What a live request's lifecycle recording touches, one cache line by slot: the
+/// lifecycle's buffers and its counts. Kept apart from the request's record (hundreds of
+/// bytes, a line the step otherwise does not read) so that a thousand of them stay in the
+/// core's L2. (Its root key and creator id, which a fill reads, are in [`Ids`].)
+#[derive(Debug, Default)]
 #[repr(C, align(64))]
 pub(crate) struct Hot {
     /// The lifecycle (`None`: not kept).
     pub(super) life: Option<Vec<Ev>>,
     /// The owners of its lifecycle's `evicted` events, each held once.
     pub(super) owners: Vec<u32>,
-    pub(super) root_key: u64,
-    /// The request's id in the block index's creators (`NONE` until it creates an entry).
-    pub(super) creator: u32,
-    /// Entries it created, each holding `creator` (counted here while it lives).
-    pub(super) entries: u32,
-    /// Events not kept (over [`MAX_BLOCK_EVENTS`]): past the first line, which holds what
-    /// every block boundary touches.
+    /// Events not kept (over [`MAX_BLOCK_EVENTS`]).
     pub(super) dropped: u32,
     /// The lifecycle's events, counted once it has [`MERGED_RECORDS`] records (0 before).
     pub(super) counted: u32,
 }
 
-impl Default for Hot {
+const _: () = assert!(std::mem::size_of::<Hot>() == 64);
+
+/// What a fill reads of a live request besides its tokens: 24 bytes by slot, so that a
+/// thousand requests' take 24 KB and the fill touches no line of its [`Hot`] (the lifecycle
+/// part of a fill is queued and applied with those lines prefetched).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ids {
+    /// Digest of its salt and adapter (see `insight::root_key`).
+    pub(super) root_key: u64,
+    /// The request's id in the block index's creators (`NONE` until it creates an entry).
+    pub(super) creator: u32,
+    /// Entries it created, each holding `creator` (counted here while it lives).
+    pub(super) entries: u32,
+    /// The newest entry it created, as [`own_entry`] packs it ([`NO_ENTRY`]: none, or its
+    /// blocks were freed since). The request holds that block until it is preempted or ends,
+    /// so the pool keeps the entry (only free blocks are evicted; a reset needs every block
+    /// free): a fill whose parent is that block need not read the pool's line for it.
+    pub(super) own: u64,
+}
+
+/// No entry of the request's own (see [`Ids::own`]).
+pub(super) const NO_ENTRY: u64 = u64::MAX;
+
+/// Block `block` at index `index` of a request's block table, as [`Ids::own`] holds it.
+pub(super) fn own_entry(index: usize, block: BlockId) -> u64 {
+    (index as u64) << 32 | u64::from(block)
+}
+
+impl Default for Ids {
     fn default() -> Self {
-        Hot {
-            life: None,
-            owners: Vec::new(),
+        Ids {
             root_key: 0,
             creator: NONE,
-            dropped: 0,
             entries: 0,
-            counted: 0,
+            own: NO_ENTRY,
         }
     }
 }
@@ -77,6 +97,41 @@ impl Hot {
         }
         self.dropped = self.dropped.saturating_add(1);
         false
+    }
+
+    /// Record the fill of block `block` at `index` (`hash`: its hash; `new_entry`: it became a
+    /// cache entry): joined to its allocation's record when that is the last one and merged
+    /// records still fit, else an event of its own.
+    pub(super) fn record_fill(
+        &mut self,
+        index: u32,
+        block: Option<BlockId>,
+        hash: Option<u64>,
+        new_entry: bool,
+    ) {
+        if let (Some(blk), true) = (
+            block,
+            // Growing a record to three events keeps the events within bounds up to
+            // MERGED_RECORDS records.
+            self.life
+                .as_ref()
+                .is_some_and(|l| l.len() <= MERGED_RECORDS),
+        ) {
+            if let Some(last) = self
+                .life
+                .as_mut()
+                .and_then(|l| l.last_mut())
+                .filter(|r| r.takes_fill(index, blk))
+            {
+                last.fill(hash, new_entry);
+                return;
+            }
+        }
+        let mut e = Ev::new(BlockEventKind::Filled, Some(index), block, hash);
+        if new_entry {
+            e.flags |= NEW_ENTRY;
+        }
+        self.push(e);
     }
 
     /// Whether a merged record may be added or grow (its events fit).
