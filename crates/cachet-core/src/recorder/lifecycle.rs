@@ -65,13 +65,13 @@ pub struct RequestLifecycle {
     pub blocks_dropped: u64,
 }
 
-/// A lifecycle record as the step records it: 32 bytes on a 32-byte boundary, the evicted entry's owner an id of the
-/// block index's [`Creators`] (held by the record until its lifecycle is dropped); made
-/// [`BlockEvent`]s when the inspector asks. A decode block's three events (the eviction of
-/// another's entry for it, its allocation and its fill) are one record: an `Allocated` one
-/// with [`WITH_EVICTED`] (`hash` and `owner` are the evicted entry's) and [`WITH_FILLED`]
-/// (`fill_hash`), expanded in that order ([`Ev::expand`]); merged only when nothing came
-/// between them, so the expansion is the events as they happened.
+/// A lifecycle record as the step records it: 32 bytes on a 32-byte boundary, the evicted entry's
+/// owner an id of the block index's [`Creators`] (held by the record until its lifecycle is
+/// dropped); made [`BlockEvent`]s when the inspector asks. A decode block's three events (the
+/// eviction of another's entry for it, its allocation and its fill) are one record: an `Allocated`
+/// one with [`WITH_EVICTED`] (`hash` and `owner` are the evicted entry's) and [`WITH_FILLED`]
+/// (`fill_hash`), expanded in that order ([`Ev::expand`]); merged only when nothing came between
+/// them, so the expansion is the events as they happened.
 #[derive(Clone, Copy, Debug)]
 #[repr(align(32))]
 pub(crate) struct Ev {
