@@ -62,9 +62,10 @@ enum Op {
     Fill(PendingFill),
 }
 
-/// IndexQueue and new entries not yet applied to the block index, in order, with the new
-/// entries' tokens. A fill creates one entry per call, and its lines (the entry's, the
-/// parent's children's head) are cold: applied one by one, each waited for its misses; queued
+/// Evictions and new entries not yet applied to the block index, and fills not yet recorded
+/// in their lifecycles, in order, with the new entries' tokens. A fill creates one entry per
+/// call, and its lines (the entry's, the parent's children's head, the request's hot line and
+/// the record its fill joins) are cold: applied one by one, each waited for its misses; queued
 /// and applied together, [`AHEAD`] are in flight at once.
 #[derive(Debug, Default)]
 pub(super) struct IndexQueue {

@@ -27,8 +27,8 @@ pub(crate) struct Hot {
 
 const _: () = assert!(std::mem::size_of::<Hot>() == 64);
 
-/// What a fill reads of a live request besides its tokens: 24 bytes by slot, so that a
-/// thousand requests' take 24 KB and the fill touches no line of its [`Hot`] (the lifecycle
+/// What a fill reads of a live request besides its tokens: 32 bytes by slot, so that a
+/// thousand requests' take 32 KB and the fill touches no line of its [`Hot`] (the lifecycle
 /// part of a fill is queued and applied with those lines prefetched).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ids {
@@ -38,20 +38,14 @@ pub(crate) struct Ids {
     pub(super) creator: u32,
     /// Entries it created, each holding `creator` (counted here while it lives).
     pub(super) entries: u32,
-    /// The newest entry it created, as [`own_entry`] packs it ([`NO_ENTRY`]: none, or its
-    /// blocks were freed since). The request holds that block until it is preempted or ends,
-    /// so the pool keeps the entry (only free blocks are evicted; a reset needs every block
-    /// free): a fill whose parent is that block need not read the pool's line for it.
-    pub(super) own: u64,
+    /// The newest entry it created: its index in the block table and its block (`None`: none,
+    /// or its blocks were freed since). The request holds that block until it is preempted or
+    /// ends, so the pool keeps the entry (only free blocks are evicted; a reset needs every
+    /// block free): a fill whose parent is that block need not read the pool's line for it.
+    pub(super) own: Option<(u32, BlockId)>,
 }
 
-/// No entry of the request's own (see [`Ids::own`]).
-pub(super) const NO_ENTRY: u64 = u64::MAX;
-
-/// Block `block` at index `index` of a request's block table, as [`Ids::own`] holds it.
-pub(super) fn own_entry(index: usize, block: BlockId) -> u64 {
-    (index as u64) << 32 | u64::from(block)
-}
+const _: () = assert!(std::mem::size_of::<Ids>() == 32);
 
 impl Default for Ids {
     fn default() -> Self {
@@ -59,7 +53,7 @@ impl Default for Ids {
             root_key: 0,
             creator: NONE,
             entries: 0,
-            own: NO_ENTRY,
+            own: None,
         }
     }
 }

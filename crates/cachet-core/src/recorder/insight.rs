@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::blocks::{BlockIndex, NONE};
 use super::deferred::{IndexQueue, Retirement};
 use super::divergence::{ContextTokens, Divergence, DIVERGENCE_CONTEXT};
-use super::hot::{own_entry, Hot, Ids, NO_ENTRY};
+use super::hot::{Hot, Ids};
 use super::shadow::{Shadow, SCALES};
 use super::tenants::Tenants;
 use crate::block_pool::BlockPool;
@@ -621,12 +621,14 @@ impl Insight {
                     .checked_sub(1)
                     .map(|p| match (blocks.get(p), hashes.get(p)) {
                         (Some(&pb), Some(_ph))
-                            if ids.as_deref().is_some_and(|r| r.own == own_entry(p, pb)) =>
+                            if ids
+                                .as_deref()
+                                .is_some_and(|r| r.own == Some((p as u32, pb))) =>
                         {
                             #[cfg(test)]
                             {
                                 assert_eq!(pool.block_hash(pb).as_ref(), Some(_ph), "own entry");
-                                OWN_PARENTS.with(|n| n.set(n.get() + 1));
+                                tests::OWN_PARENTS.with(|n| n.set(n.get() + 1));
                             }
                             pb
                         }
@@ -640,7 +642,7 @@ impl Insight {
                 );
                 if let Some(r) = ids.as_deref_mut() {
                     r.entries += u32::from(made);
-                    r.own = own_entry(i, blk);
+                    r.own = Some((i as u32, blk));
                 }
             }
             if temporary {
@@ -682,7 +684,7 @@ impl Insight {
         self.flush_fills();
         // Its blocks are freed: its entries may go.
         if let Some(i) = self.ids.get_mut(slot as usize) {
-            i.own = NO_ENTRY;
+            i.own = None;
         }
         if let Some(ri) = self.hot.get_mut(slot as usize) {
             ri.push(Ev::new(BlockEventKind::Preempted, None, None, None));
@@ -692,7 +694,7 @@ impl Insight {
     pub(crate) fn reset(&mut self) {
         self.flush();
         for i in &mut self.ids {
-            i.own = NO_ENTRY;
+            i.own = None;
         }
         if let Some(ix) = self.index.as_mut() {
             ix.reset();
@@ -843,108 +845,4 @@ impl Insight {
 }
 
 #[cfg(test)]
-thread_local! {
-    /// Fills whose parent came from the request's own entry (tests).
-    static OWN_PARENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{
-        ExecOutput, HashSeed, Recorder, RequestDraft, Sampled, SamplingParams, Scheduler,
-        SchedulerConfig,
-    };
-
-    /// One workload on a small pool: `n` requests from `families` prompt families (shared
-    /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
-    /// Returns (preemptions, evictions).
-    fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> (u64, u64) {
-        let mut x = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        let mut rnd = move |m: u32| {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((x >> 33) % u64::from(m.max(1))) as u32
-        };
-        let cfg = SchedulerConfig {
-            num_blocks,
-            block_size: 4,
-            ..Default::default()
-        };
-        let seed = HashSeed::new(&[9; 32], 4, "test");
-        let rec = Recorder::new(4).with_insight(InsightConfig::full());
-        let mut s = Scheduler::new(cfg, seed, rec);
-        let limits = s.config().limits();
-        let mut pending: Vec<(u32, RequestDraft)> = (0..n)
-            .map(|i| {
-                let fam = rnd(families);
-                let len = 4 + rnd(8);
-                let prompt: Vec<u32> = (0..len)
-                    .map(|k| if k < 4 { fam * 10 + k } else { rnd(alphabet) })
-                    .collect();
-                let d = RequestDraft::new(
-                    format!("r{i}"),
-                    prompt,
-                    SamplingParams {
-                        ignore_eos: true,
-                        ..SamplingParams::greedy(4 + rnd(24))
-                    },
-                );
-                (rnd(12), d)
-            })
-            .collect();
-        let mut t = 0.0;
-        let mut step = 0u32;
-        let mut handle = 0;
-        while s.has_unfinished() || !pending.is_empty() {
-            step += 1;
-            t += 1.0;
-            // Arrivals over the first steps.
-            let (now, later): (Vec<_>, Vec<_>) =
-                pending.into_iter().partition(|(at, _)| *at < step);
-            pending = later;
-            for (_, d) in now {
-                handle += 1;
-                let v = limits.validate(d).expect("valid");
-                s.add_request(handle, t, v).expect("queued");
-            }
-            let out = s.schedule(t, None);
-            let results = {
-                let batch = s.exec_batch(&out);
-                let mut r = ExecOutput::default();
-                for seq in &batch.seqs {
-                    let tok = rnd(alphabet);
-                    r.sampled
-                        .push(seq.sample.as_ref().map(|_| Sampled::token(tok)));
-                }
-                r
-            };
-            s.update(&out, results, t);
-            s.check_invariants().expect("invariants");
-            assert!(t < 5_000.0, "no progress");
-        }
-        let totals = s.observer_mut().totals();
-        (totals.num_preemptions, totals.blocks_evicted)
-    }
-
-    /// A new entry's parent taken from the request's own newest entry (not read from the
-    /// pool) is what the pool says, through decode, preemption (blocks freed and handed out
-    /// again), shared prefixes (hits) and duplicate blocks: `filled` asserts it at each such
-    /// fill, over many small workloads.
-    #[test]
-    fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
-        OWN_PARENTS.with(|n| n.set(0));
-        let (mut preempted, mut evicted) = (0, 0);
-        for seed in 0..300 {
-            let (p, e) = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
-            preempted += p;
-            evicted += e;
-        }
-        assert!(preempted > 0 && evicted > 0, "{preempted} {evicted}");
-        let own = OWN_PARENTS.with(|n| n.get());
-        assert!(own > 1000, "own parents taken: {own}");
-    }
-}
+mod tests;
