@@ -5,11 +5,17 @@
 //! it" of an eviction read it.
 //!
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
-//! inspector, which is rare: an entry is one 64-byte line, what its creation and eviction touch
-//! (its hash, its sibling links, its children's head, its creator) first, what only queries
-//! read (times, hits, depth, root key) after it, left stale when the entry goes; creators are ids into a small
-//! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference count
-//! on a label that may have gone cold long ago.
+//! inspector, which is rare: an entry is one 64-byte line, what its creation touches (its hash,
+//! its sibling links, its children's head) first, what only queries read (times, hits, depth,
+//! root key) after it. Its creator is an id in a dense array beside the live bits, into a small
+//! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference
+//! count on a label that may have gone cold long ago.
+//!
+//! Dropping an entry touches only that array and the live bit: its line (and the neighbours
+//! its sibling links name) were last touched a whole pool cycle ago. The dropped entry stays in
+//! its sibling list and its children stay under it, skipped by every reader (none is live)
+//! until its block becomes an entry again: creating it reads that line anyway, and detaches
+//! the dropped one first.
 
 use std::sync::Arc;
 
@@ -22,7 +28,8 @@ use crate::{BlockId, TokenId};
 /// No block, no creator.
 pub(crate) const NONE: u32 = u32::MAX;
 
-const CACHED: u32 = 1;
+/// The slot is in the index's structure: a live entry, or a dropped one not detached yet.
+const OCCUPIED: u32 = 1;
 const LINKED: u32 = 2;
 
 /// What the step reads and writes of an entry.
@@ -37,9 +44,7 @@ struct Node {
     prev: u32,
     /// The head of its children's list (most recently used first).
     first_child: u32,
-    /// Id in [`Creators`] (`NONE` when not cached).
-    creator: u32,
-    /// `CACHED`, and `LINKED`: in a sibling list (a root's list, or its parent's children).
+    /// `OCCUPIED`, and `LINKED`: in a sibling list (a root's list, or its parent's children).
     flags: u32,
 }
 
@@ -49,13 +54,12 @@ const EMPTY: Node = Node {
     next: NONE,
     prev: NONE,
     first_child: NONE,
-    creator: NONE,
     flags: 0,
 };
 
 impl Node {
-    fn cached(&self) -> bool {
-        self.flags & CACHED != 0
+    fn occupied(&self) -> bool {
+        self.flags & OCCUPIED != 0
     }
     fn linked(&self) -> bool {
         self.flags & LINKED != 0
@@ -211,9 +215,12 @@ pub(crate) struct Sibling {
 pub(crate) struct BlockIndex {
     b: usize,
     slots: Vec<Slot>,
-    /// Bit `i`: block `i` holds an entry (its slot's `CACHED`), dense so that creating an entry
-    /// need not read the slot first.
+    /// Bit `i`: block `i` holds a live entry. A slot that is `OCCUPIED` without it holds a
+    /// dropped entry not detached yet.
     cached: Vec<u64>,
+    /// Block `i`'s entry's creator, an id in [`BlockIndex::creators`] held by the entry
+    /// (`NONE`: no live entry); dense, so that dropping an entry reads no line of its slot.
+    owner: Vec<u32>,
     /// Entries' tokens, block `i`'s at `tok0 + i·B`: `tok0` puts them on a 64-byte boundary, so
     /// that a 16-token block is one line (written whole at creation), not parts of two.
     tokens: Vec<TokenId>,
@@ -231,6 +238,7 @@ impl BlockIndex {
             b: block_size,
             slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
             cached: vec![0; num_blocks.div_ceil(64)],
+            owner: vec![NONE; num_blocks],
             tokens,
             tok0,
             root_first: NONE,
@@ -267,20 +275,15 @@ impl BlockIndex {
         if let Some(s) = self.slots.get(block as usize) {
             super::prefetch(s);
         }
+        if let Some(o) = self.owner.get(block as usize) {
+            super::prefetch(o);
+        }
         if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
             super::prefetch(p);
         }
         // Its tokens, written (a block of 16 tokens is one line).
         if let Some(t) = self.tokens.get(self.tok0 + block as usize * self.b) {
             super::prefetch(t);
-        }
-    }
-
-    /// Start loading the line of `block`'s entry (before it is evicted).
-    #[inline]
-    pub(crate) fn prefetch_slot(&self, block: BlockId) {
-        if let Some(s) = self.slots.get(block as usize) {
-            super::prefetch(s);
         }
     }
 
@@ -297,9 +300,10 @@ impl BlockIndex {
 
     /// The request that created the entry `block` holds.
     pub(crate) fn creator(&self, block: BlockId) -> Option<Arc<str>> {
-        self.n(block)
-            .filter(|m| m.cached())
-            .and_then(|m| self.creators.label(m.creator))
+        if !self.is_cached(block as usize) {
+            return None;
+        }
+        self.creators.label(*self.owner.get(block as usize)?)
     }
 
     fn head(&self, parent: u32) -> u32 {
@@ -402,6 +406,9 @@ impl BlockIndex {
                 self.creators.release(owner);
             }
         }
+        if self.slots[i].n.occupied() {
+            self.detach(block);
+        }
         let parent = match parent {
             Some(p) if self.is_cached(p as usize) => p,
             Some(_) => NONE,
@@ -411,6 +418,7 @@ impl BlockIndex {
         if hold {
             self.creators.hold(creator);
         }
+        self.owner[i] = creator;
         // Linked at the front of its siblings as it is written (no read-back of the line).
         let head = if orphan { NONE } else { self.head(parent) };
         self.set_cached(i, true);
@@ -421,8 +429,7 @@ impl BlockIndex {
             next: head,
             prev: NONE,
             first_child: NONE,
-            creator,
-            flags: if orphan { CACHED } else { CACHED | LINKED },
+            flags: if orphan { OCCUPIED } else { OCCUPIED | LINKED },
         };
         self.slots[i].c = Cold {
             created: now,
@@ -445,12 +452,12 @@ impl BlockIndex {
     /// A lookup found `block`: it becomes the most recently used of its siblings.
     pub(crate) fn hit(&mut self, block: BlockId, now: f64) {
         let i = block as usize;
+        if !self.is_cached(i) {
+            return;
+        }
         let Some(m) = self.slots.get(i).map(|s| &s.n) else {
             return;
         };
-        if !m.cached() {
-            return;
-        }
         let linked = m.linked();
         let c = &mut self.slots[i].c;
         c.hits = c.hits.saturating_add(1);
@@ -462,14 +469,23 @@ impl BlockIndex {
     }
 
     /// The entry `block` held was dropped; returns its creator's id, whose hold by the entry
-    /// passes to the caller (to keep, for a lifecycle event, or to release). Its children become
-    /// orphans.
+    /// passes to the caller (to keep, for a lifecycle event, or to release). Reads and writes
+    /// no line of its slot: it stays in its sibling list, and its children under it, until it
+    /// is detached ([`BlockIndex::detach`]), which creating an entry in the block does first.
     pub(crate) fn evicted(&mut self, block: BlockId) -> Option<u32> {
         let i = block as usize;
         if !self.is_cached(i) {
             return None;
         }
         self.set_cached(i, false);
+        let creator = std::mem::replace(&mut self.owner[i], NONE);
+        (creator != NONE).then_some(creator)
+    }
+
+    /// Take the dropped entry in `block` out of the structure: out of its sibling list, its
+    /// children orphans.
+    fn detach(&mut self, block: BlockId) {
+        let i = block as usize;
         self.unlink(block);
         let mut c = self.slots[i].n.first_child;
         while c != NONE {
@@ -483,18 +499,17 @@ impl BlockIndex {
         }
         // What only queries read is left as it was: nothing reads it of an uncached block, and
         // the next entry here writes it anew.
-        let creator = self.slots[i].n.creator;
         self.slots[i].n = EMPTY;
-        (creator != NONE).then_some(creator)
     }
 
     /// Every entry was dropped.
     pub(crate) fn reset(&mut self) {
         for i in 0..self.slots.len() {
-            let creator = self.slots[i].n.creator;
-            if self.slots[i].n.cached() && creator != NONE {
+            let creator = self.owner[i];
+            if self.is_cached(i) && creator != NONE {
                 self.creators.release(creator);
             }
+            self.owner[i] = NONE;
             self.slots[i].n = EMPTY;
             self.slots[i].c = COLD;
         }
@@ -512,14 +527,25 @@ impl BlockIndex {
         ours: &[TokenId],
     ) -> Option<Sibling> {
         const MAX_SCAN: usize = 64;
+        // Dropped entries not detached yet are passed over, up to this many.
+        const MAX_DROPPED: usize = 4 * MAX_SCAN;
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.n(p).filter(|m| m.cached())?.first_child,
+            Some(p) if self.is_cached(p as usize) => self.n(p)?.first_child,
+            Some(_) => return None,
         };
-        let mut scanned = 0;
+        let (mut scanned, mut passed) = (0, 0);
         while c != NONE && scanned < MAX_SCAN {
-            scanned += 1;
             let next = self.slots[c as usize].n.next;
+            if !self.is_cached(c as usize) {
+                passed += 1;
+                if passed > MAX_DROPPED {
+                    break;
+                }
+                c = next;
+                continue;
+            }
+            scanned += 1;
             if parent.is_some() || self.slots[c as usize].c.root_key == root_key {
                 let t = self.tok0 + c as usize * self.b;
                 let theirs = &self.tokens[t..t + self.b];
@@ -545,13 +571,13 @@ impl BlockIndex {
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
         for (i, m) in self.slots.iter().map(|s| &s.n).enumerate() {
             let hits = self.slots[i].c.hits;
-            if !m.cached() || hits == 0 {
+            if !self.is_cached(i) || hits == 0 {
                 continue;
             }
             let mut c = m.first_child;
             let mut extended = false;
             while c != NONE {
-                if self.slots[c as usize].c.hits >= hits {
+                if self.is_cached(c as usize) && self.slots[c as usize].c.hits >= hits {
                     extended = true;
                     break;
                 }
@@ -572,7 +598,7 @@ impl BlockIndex {
                     hits,
                     age_s: (now - c.created).max(0.0),
                     last_hit_s: (!c.last_hit.is_nan()).then(|| (now - c.last_hit).max(0.0)),
-                    created_by: self.creators.label(m.creator),
+                    created_by: self.creators.label(self.owner[i as usize]),
                     hash: m.hash,
                 }
             })
@@ -587,7 +613,9 @@ impl BlockIndex {
             Some(p) => self.slots[p as usize].n.first_child,
         };
         while c != NONE {
-            v.push(c);
+            if self.is_cached(c as usize) {
+                v.push(c);
+            }
             c = self.slots[c as usize].n.next;
         }
         v
@@ -633,6 +661,63 @@ mod tests {
         assert!(ix.siblings(None).is_empty());
         assert!(ix.holds(1, &h(1)) && !ix.holds(0, &h(0)));
         assert_eq!(ix.diverging_sibling(Some(0), 0, &[3, 9]), None);
+    }
+
+    /// A dropped entry keeps its place in its sibling list (and its children under it) until its
+    /// block becomes an entry again, and no reader sees it meanwhile: a scan passes over it, its
+    /// creator is gone, lookups under it find nothing; reusing its block detaches it, and its
+    /// children become orphans then.
+    #[test]
+    fn a_dropped_entry_is_invisible_until_its_block_is_reused() {
+        let mut ix = BlockIndex::new(8, 2);
+        let a = ix.creators.acquire(&"a".into());
+        ix.created(0, h(0), 0, None, &[1, 2], 0, a, 0.0);
+        ix.created(1, h(1), 1, Some(0), &[3, 4], 0, a, 0.0);
+        ix.created(2, h(2), 1, Some(0), &[3, 5], 0, a, 1.0);
+        ix.created(3, h(3), 1, Some(0), &[3, 6], 0, a, 2.0);
+        assert_eq!(ix.siblings(Some(0)), vec![3, 2, 1]);
+        // The middle sibling is dropped: its line is not touched, it is still linked ...
+        let owner = ix.evicted(2).unwrap();
+        ix.creators.release(owner);
+        assert!(ix.slots[2].n.linked() && ix.slots[1].n.prev == 2);
+        // ... and passed over: ours [3, 6] is block 3's, so the next live sibling (1, not the
+        // dropped 2 with [3, 5]) is where it diverges.
+        assert_eq!(ix.siblings(Some(0)), vec![3, 1]);
+        assert_eq!(
+            ix.diverging_sibling(Some(0), 0, &[3, 6]),
+            Some(Sibling {
+                block: 1,
+                offset: 1
+            })
+        );
+        assert_eq!((ix.creator(2), ix.holds(2, &h(2))), (None, false));
+        // The parent is dropped: nothing is found under it, its children stay live.
+        let owner = ix.evicted(0).unwrap();
+        ix.creators.release(owner);
+        assert_eq!(ix.diverging_sibling(Some(0), 0, &[3, 9]), None);
+        assert!(ix.holds(1, &h(1)) && ix.holds(3, &h(3)));
+        // Block 2 becomes a root: detached from 0's children first.
+        ix.created(2, h(4), 0, None, &[7, 8], 0, a, 3.0);
+        assert_eq!(ix.slots[1].n.prev, 3);
+        assert_eq!(ix.siblings(None), vec![2]);
+        // Block 0 becomes a new root: the old entry's children are orphans (not linked, no
+        // parent), the new one has none.
+        ix.created(0, h(5), 0, None, &[1, 9], 0, a, 4.0);
+        for c in [1, 3] {
+            let n = &ix.slots[c].n;
+            assert!(!n.linked() && n.parent == NONE, "block {c}");
+        }
+        assert!(ix.siblings(Some(0)).is_empty());
+        assert_eq!(ix.siblings(None), vec![0, 2]);
+        assert_eq!(
+            ix.diverging_sibling(None, 0, &[7, 1]).map(|s| s.block),
+            Some(0)
+        );
+        // Entries 0, 1, 2, 3 hold the label; a reset releases them.
+        assert_eq!(ix.creator(3).as_deref(), Some("a"));
+        ix.creators.release(a);
+        ix.reset();
+        assert_eq!(ix.creators.live(), 0);
     }
 
     /// A 16-token block's tokens are one cache line: written whole, never half of two.

@@ -1,10 +1,11 @@
 //! Work the recorder defers and does in batches, because what it touches is cold: new entries
-//! and evictions queued for the block index, and lifecycle fills (one ordered list, so the
-//! index and the lifecycles end as if each had been applied at once), and the releases of
-//! lifecycles dropped from the history (with the buffers they leave, kept for new requests).
-//! Each batch prefetches its lines ahead.
+//! queued for the block index, and lifecycle fills (one ordered list, so the index and the
+//! lifecycles end as if each had been applied at once), and the releases of lifecycles dropped
+//! from the history (with the buffers they leave, kept for new requests). Each batch
+//! prefetches its lines ahead. (Evictions are not queued: dropping an entry touches no line of
+//! it, see `blocks.rs`.)
 
-use super::blocks::{BlockIndex, Creators, NONE};
+use super::blocks::{BlockIndex, Creators};
 use super::hot::Hot;
 use super::lifecycle::{Ev, Kept, SPARE_BUFFERS};
 use crate::BlockId;
@@ -14,18 +15,6 @@ const RETIRE_BATCH: usize = 16;
 
 /// Lines prefetched ahead of the one a batch works on.
 const AHEAD: usize = 8;
-
-/// An eviction the block index has not seen yet: the step's allocations each evict a block
-/// whose entry was created long ago (its line is cold), so they are applied together, their
-/// lines prefetched ahead, before anything reads the index.
-#[derive(Clone, Copy, Debug)]
-struct PendingEviction {
-    block: BlockId,
-    /// The request it was evicted for, and its `evicted` event's place in the request's
-    /// lifecycle (`NONE`: not recorded), whose owner is filled in when applied.
-    slot: u32,
-    event: u32,
-}
 
 /// An entry the block index has not seen yet (see [`IndexQueue::push_create`]).
 #[derive(Clone, Copy, Debug)]
@@ -56,14 +45,13 @@ struct PendingFill {
 
 #[derive(Clone, Copy, Debug)]
 enum Op {
-    Evict(PendingEviction),
     Create(PendingCreate),
     Release(u32),
     Fill(PendingFill),
 }
 
-/// Evictions and new entries not yet applied to the block index, and fills not yet recorded
-/// in their lifecycles, in order, with the new entries' tokens. A fill creates one entry per
+/// New entries not yet applied to the block index, and fills not yet recorded in their
+/// lifecycles, in order, with the new entries' tokens. A fill creates one entry per
 /// call, and its lines (the entry's, the parent's children's head, the request's hot line and
 /// the record its fill joins) are cold: applied one by one, each waited for its misses; queued
 /// and applied together, [`AHEAD`] are in flight at once.
@@ -108,14 +96,6 @@ impl IndexQueue {
         }));
     }
 
-    /// `block`'s entry was evicted for the request in `slot` (`NONE`: none live), recorded as
-    /// event `event` of its lifecycle (`NONE`: not recorded).
-    #[inline]
-    pub(super) fn push(&mut self, block: BlockId, slot: u32, event: u32) {
-        self.pending
-            .push(Op::Evict(PendingEviction { block, slot, event }));
-    }
-
     /// A new entry in `block` (see [`BlockIndex::create`]); `parent`: `None` at depth 0.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn push_create(
@@ -151,14 +131,12 @@ impl IndexQueue {
         self.pending.push(Op::Release(creator));
     }
 
-    /// Apply them to `index` and the lifecycles in `hot`, in order: each entry's creator passes
-    /// to the `evicted` event recorded for it (and its lifecycle's owners, in `hot` by slot),
-    /// or is released. A fill's lines come in two stages: its hot line [`AHEAD`] before the
-    /// record it may join (whose address is in that line), [`AHEAD`] before it is applied.
+    /// Apply them to `index` and the lifecycles in `hot`, in order. A fill's lines come in two
+    /// stages: its hot line [`AHEAD`] before the record it may join (whose address is in that
+    /// line), [`AHEAD`] before it is applied.
     #[inline(never)]
     pub(super) fn apply(&mut self, mut index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
         let far = |ix: Option<&BlockIndex>, hot: &[Hot], op: &Op| match (*op, ix) {
-            (Op::Evict(e), Some(ix)) => ix.prefetch_slot(e.block),
             (Op::Create(c), Some(ix)) => ix.prefetch_create(c.block, c.parent),
             (Op::Fill(f), _) => {
                 if let Some(h) = hot.get(f.slot as usize) {
@@ -191,8 +169,7 @@ impl IndexQueue {
             if let Some(q) = self.pending.get(k + AHEAD) {
                 near(hot, q);
             }
-            let p = match self.pending[k] {
-                Op::Evict(p) => p,
+            match self.pending[k] {
                 Op::Create(c) => {
                     let t = c.tok as usize;
                     // (`create` refuses tokens that are not one block's.)
@@ -205,37 +182,17 @@ impl IndexQueue {
                             c.now, c.hold,
                         );
                     }
-                    continue;
                 }
                 Op::Release(c) => {
                     if let Some(ix) = index.as_deref_mut() {
                         ix.creators.release(c);
                     }
-                    continue;
                 }
                 Op::Fill(f) => {
                     if let Some(h) = hot.get_mut(f.slot as usize).filter(|h| h.life.is_some()) {
                         h.record_fill(f.index, f.block, f.hash, f.new_entry);
                     }
-                    continue;
                 }
-            };
-            let Some(ix) = index.as_deref_mut() else {
-                continue;
-            };
-            let owner = ix.evicted(p.block);
-            let h = (p.event != NONE)
-                .then(|| hot.get_mut(p.slot as usize))
-                .flatten();
-            match (h, owner) {
-                (Some(h), Some(o)) => {
-                    if let Some(e) = h.life.as_mut().and_then(|l| l.get_mut(p.event as usize)) {
-                        e.owner = o;
-                    }
-                    h.owners.push(o);
-                }
-                (None, Some(o)) => ix.creators.release(o),
-                (_, None) => {}
             }
         }
         self.pending.clear();

@@ -151,7 +151,7 @@ pub(crate) struct Insight {
     hot: Vec<Hot>,
     /// By slot: the root key, creator id and newest entry a fill reads (grown with `hot`).
     ids: Vec<Ids>,
-    /// New entries, evictions and lifecycle fills not yet applied to the block index, in order
+    /// New entries and lifecycle fills not yet applied to the block index, in order
     /// ([`Insight::flush`]).
     pending: IndexQueue,
 }
@@ -173,9 +173,8 @@ impl Insight {
         }
     }
 
-    /// Apply the pending evictions to the block index, in order: each entry's creator passes
-    /// to the `evicted` event recorded for it (and its lifecycle's owners), or is released.
-    /// Called before anything reads or changes the index, so nothing sees it late.
+    /// Apply the queued new entries and fills, in order. Called before anything reads or
+    /// changes the index, so nothing sees it late.
     #[inline]
     fn flush(&mut self) {
         if !self.pending.is_empty() {
@@ -482,7 +481,13 @@ impl Insight {
         blocks: &[BlockId],
     ) {
         self.ensure(pool);
-        self.flush_fills();
+        // The entries it evicted are dropped from the index now, after what is queued.
+        if self.index.is_some() {
+            self.flush();
+        } else {
+            self.flush_fills();
+        }
+        let mut index = self.index.as_mut();
         let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
         let new = &blocks[first_new..];
@@ -500,7 +505,9 @@ impl Insight {
             && ri.as_deref().is_some_and(Hot::merges);
         let mut p = 0;
         for e in &kv.evicted {
-            let mut event = NONE;
+            // Its creator's hold passes to the event that names it, else is released.
+            let owner = index.as_deref_mut().and_then(|ix| ix.evicted(e.block));
+            let mut kept = false;
             if let Some(ri) = ri.as_deref_mut() {
                 if merged {
                     let mut ev = Ev::new(
@@ -511,10 +518,8 @@ impl Insight {
                     );
                     ev.hash = wire_hash(&e.hash);
                     ev.flags |= WITH_EVICTED;
-                    let at = ri.life.as_ref().map_or(0, Vec::len) as u32;
-                    if ri.push(ev) {
-                        event = at;
-                    }
+                    ev.owner = owner.unwrap_or(NONE);
+                    kept = ri.push(ev);
                 } else if ri.life.is_some() {
                     let at = if in_order {
                         while new.get(p).is_some_and(|&x| x != e.block) {
@@ -524,22 +529,24 @@ impl Insight {
                     } else {
                         new.iter().position(|&x| x == e.block)
                     };
-                    let index = at.map(|p| (first_new + p) as u32);
-                    // Its owner is filled in when the eviction reaches the index.
-                    let ev = Ev::new(
+                    let at = at.map(|p| (first_new + p) as u32);
+                    let mut ev = Ev::new(
                         BlockEventKind::Evicted,
-                        index,
+                        at,
                         Some(e.block),
                         Some(wire_hash(&e.hash)),
                     );
-                    let at = ri.life.as_ref().map_or(0, Vec::len) as u32;
-                    if ri.push(ev) {
-                        event = at;
-                    }
+                    ev.owner = owner.unwrap_or(NONE);
+                    kept = ri.push(ev);
+                }
+                if let (Some(o), true) = (owner, kept) {
+                    ri.owners.push(o);
                 }
             }
-            if self.index.is_some() {
-                self.pending.push(e.block, slot.unwrap_or(NONE), event);
+            if let (Some(o), false) = (owner, kept) {
+                if let Some(ix) = index.as_deref_mut() {
+                    ix.creators.release(o);
+                }
             }
         }
         if let Some(sh) = self.shadow.as_mut() {
