@@ -48,6 +48,8 @@ enum Op {
     Create(PendingCreate),
     Release(u32),
     Fill(PendingFill),
+    /// A fill already recorded ([`IndexQueue::apply_fills_of`]).
+    Done,
 }
 
 /// New entries not yet applied to the block index, and fills not yet recorded in their
@@ -61,6 +63,8 @@ pub(super) struct IndexQueue {
     tokens: Vec<crate::TokenId>,
     /// `Fill`s among them.
     fills: usize,
+    /// Which batch is being queued: counts the batches applied (see [`IndexQueue::epoch`]).
+    epoch: u32,
 }
 
 impl IndexQueue {
@@ -73,6 +77,36 @@ impl IndexQueue {
     #[inline]
     pub(super) fn has_fills(&self) -> bool {
         self.fills > 0
+    }
+
+    /// The batch being queued: a slot whose fill was queued in this batch has it (or had it,
+    /// if [`IndexQueue::apply_fills_of`] took it) until the batch is applied.
+    #[inline]
+    pub(super) fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// Record the queued fills of the request in `slot` in its lifecycle now, in order, and
+    /// leave the rest queued: before its lifecycle is taken when it ends. Nothing else queued
+    /// reads or writes its hot state, and everything else its lifecycle records applies the
+    /// queue first, so its records end as they would have.
+    pub(super) fn apply_fills_of(&mut self, slot: u32, hot: &mut [Hot]) {
+        let Some(h) = hot.get_mut(slot as usize) else {
+            return;
+        };
+        for op in self.pending.iter_mut() {
+            if let Op::Fill(f) = *op {
+                if f.slot == slot {
+                    if h.life.is_some() {
+                        h.record_fill(f.index, f.block, f.hash, f.new_entry);
+                    }
+                    *op = Op::Done;
+                    self.fills -= 1;
+                    #[cfg(test)]
+                    super::insight::tests::FILLS_AT_END.with(|n| n.set(n.get() + 1));
+                }
+            }
+        }
     }
 
     /// Block `block` at `index` of the request in `slot` was filled (`hash`; `new_entry`: it
@@ -193,11 +227,13 @@ impl IndexQueue {
                         h.record_fill(f.index, f.block, f.hash, f.new_entry);
                     }
                 }
+                Op::Done => {}
             }
         }
         self.pending.clear();
         self.tokens.clear();
         self.fills = 0;
+        self.epoch = self.epoch.wrapping_add(1);
     }
 }
 

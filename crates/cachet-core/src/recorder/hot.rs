@@ -43,6 +43,9 @@ pub(crate) struct Ids {
     /// ends, so the pool keeps the entry (only free blocks are evicted; a reset needs every
     /// block free): a fill whose parent is that block need not read the pool's line for it.
     pub(super) own: Option<(u32, BlockId)>,
+    /// The queue's batch its last lifecycle fill was queued in (`IndexQueue::epoch`): when it
+    /// is the one being queued, the request may have fills queued.
+    pub(super) fill_epoch: u32,
 }
 
 const _: () = assert!(std::mem::size_of::<Ids>() == 32);
@@ -54,6 +57,7 @@ impl Default for Ids {
             creator: NONE,
             entries: 0,
             own: None,
+            fill_epoch: u32::MAX,
         }
     }
 }

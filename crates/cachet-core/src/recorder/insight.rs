@@ -593,6 +593,26 @@ impl Insight {
         blocks: &[BlockId],
         now: f64,
     ) {
+        self.queue_filled(slot, label, pool, kv, hashes, tokens, blocks, now);
+        #[cfg(test)]
+        if tests::IMMEDIATE.with(|c| c.get()) {
+            self.flush();
+        }
+    }
+
+    /// [`Insight::filled`]: the new entries and the lifecycle's fills, queued.
+    #[allow(clippy::too_many_arguments)]
+    fn queue_filled(
+        &mut self,
+        slot: Option<u32>,
+        label: &Arc<str>,
+        pool: &BlockPool,
+        kv: &crate::kv_manager::KvEffects,
+        hashes: &[BlockHash],
+        tokens: &[TokenId],
+        blocks: &[BlockId],
+        now: f64,
+    ) {
         let b = self.block_size;
         // The request's hot line and the record its fill may join were last touched a block
         // of decode steps ago: the lifecycle part is queued, in order with the index's
@@ -666,6 +686,9 @@ impl Insight {
         }
         let end = kv.committed_until / b;
         let start = end.saturating_sub(kv.filled as usize);
+        if let Some(r) = self.ids.get_mut(slot as usize) {
+            r.fill_epoch = self.pending.epoch();
+        }
         for j in start..end {
             self.pending.push_fill(
                 slot,
@@ -725,7 +748,15 @@ impl Insight {
         stats: Option<PrefillStats>,
         primary: bool,
     ) {
-        self.flush();
+        // Its own queued fills join its lifecycle now; the rest stay queued (the requests
+        // that end in a step would otherwise cut its batch into pieces too short to prefetch).
+        if self
+            .ids
+            .get(slot as usize)
+            .is_some_and(|i| i.fill_epoch == self.pending.epoch())
+        {
+            self.pending.apply_fills_of(slot, &mut self.hot);
+        }
         let tenant = self.tenant_name(ri.tenant);
         if primary {
             if self.recent.len() == RECENT_REQUESTS {
@@ -852,4 +883,4 @@ impl Insight {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

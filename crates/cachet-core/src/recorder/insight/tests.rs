@@ -1,5 +1,5 @@
-//! The own-entry parent of a fill (`Insight::filled`) against the pool, over many small
-//! workloads.
+//! The own-entry parent of a fill (`Insight::filled`) against the pool, and the deferred
+//! work against the same work done at once, over many small workloads.
 
 use super::*;
 use crate::{
@@ -9,8 +9,15 @@ use crate::{
 
 /// One workload on a small pool: `n` requests from `families` prompt families (shared
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
-/// Returns (preemptions, evictions).
-fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> (u64, u64) {
+/// Returns (preemptions, evictions) and what the inspector shows: each request's lifecycle
+/// and the hottest prefixes.
+fn workload(
+    seed: u64,
+    num_blocks: usize,
+    n: u32,
+    families: u32,
+    alphabet: u32,
+) -> ((u64, u64), Vec<Option<RequestLifecycle>>, Vec<HotPrefix>) {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -76,8 +83,14 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
         s.check_invariants().expect("invariants");
         assert!(t < 5_000.0, "no progress");
     }
-    let totals = s.observer_mut().totals();
-    (totals.num_preemptions, totals.blocks_evicted)
+    let rec = s.observer_mut();
+    let totals = rec.totals();
+    let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
+    (
+        (totals.num_preemptions, totals.blocks_evicted),
+        lifecycles,
+        rec.hottest(t, 64),
+    )
 }
 
 /// A new entry's parent taken from the request's own newest entry (not read from the
@@ -89,7 +102,7 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     OWN_PARENTS.with(|n| n.set(0));
     let (mut preempted, mut evicted) = (0, 0);
     for seed in 0..300 {
-        let (p, e) = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
+        let ((p, e), _, _) = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
         preempted += p;
         evicted += e;
     }
@@ -98,7 +111,39 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     assert!(own > 1000, "own parents taken: {own}");
 }
 
+/// What the queue defers (new entries, lifecycle fills) and what it applies early (the fills
+/// of a request that ends, before its lifecycle is kept) ends as if each had been applied at
+/// once: every lifecycle and the hottest prefixes are the same as with the queue applied
+/// after every fill, over workloads where requests end with fills of theirs and of others
+/// queued.
+#[test]
+fn deferred_work_ends_as_if_applied_at_once() {
+    FILLS_AT_END.with(|n| n.set(0));
+    for seed in 0..200 {
+        let run = |immediate: bool| {
+            IMMEDIATE.with(|c| c.set(immediate));
+            let r = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
+            IMMEDIATE.with(|c| c.set(false));
+            r
+        };
+        let (deferred, at_once) = (run(false), run(true));
+        assert_eq!(deferred.0, at_once.0, "seed {seed}");
+        assert_eq!(deferred.1, at_once.1, "seed {seed}: lifecycles");
+        assert_eq!(deferred.2, at_once.2, "seed {seed}: hottest");
+        assert!(deferred.1.iter().all(Option::is_some), "seed {seed}");
+    }
+    let early = FILLS_AT_END.with(|n| n.get());
+    assert!(
+        early > 100,
+        "fills applied when their request ended: {early}"
+    );
+}
+
 thread_local! {
     /// Fills whose parent came from the request's own entry (tests).
     pub(super) static OWN_PARENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+    /// Apply the queue after every fill (the reference the deferred run is checked against).
+    pub(super) static IMMEDIATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Fills recorded when their request ended, ahead of the rest of the queue.
+    pub(crate) static FILLS_AT_END: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
