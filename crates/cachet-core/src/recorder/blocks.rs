@@ -527,8 +527,9 @@ impl BlockIndex {
         ours: &[TokenId],
     ) -> Option<Sibling> {
         const MAX_SCAN: usize = 64;
-        // Dropped entries not detached yet are passed over, up to this many.
-        const MAX_DROPPED: usize = 4 * MAX_SCAN;
+        // Dropped entries not detached yet are passed over, up to as many again (they are
+        // mostly at the least recently used end, where eviction takes its blocks).
+        const MAX_DROPPED: usize = MAX_SCAN;
         let mut c = match parent {
             None => self.root_first,
             Some(p) if self.is_cached(p as usize) => self.n(p)?.first_child,
