@@ -593,26 +593,6 @@ impl Insight {
         blocks: &[BlockId],
         now: f64,
     ) {
-        self.queue_filled(slot, label, pool, kv, hashes, tokens, blocks, now);
-        #[cfg(test)]
-        if tests::IMMEDIATE.with(|c| c.get()) {
-            self.flush();
-        }
-    }
-
-    /// [`Insight::filled`]: the new entries and the lifecycle's fills, queued.
-    #[allow(clippy::too_many_arguments)]
-    fn queue_filled(
-        &mut self,
-        slot: Option<u32>,
-        label: &Arc<str>,
-        pool: &BlockPool,
-        kv: &crate::kv_manager::KvEffects,
-        hashes: &[BlockHash],
-        tokens: &[TokenId],
-        blocks: &[BlockId],
-        now: f64,
-    ) {
         let b = self.block_size;
         // The request's hot line and the record its fill may join were last touched a block
         // of decode steps ago: the lifecycle part is queued, in order with the index's
@@ -678,25 +658,25 @@ impl Insight {
         }
         // The lifecycle's events (a slot's hot state keeps one exactly when the history is
         // kept; `Op::Fill` checks).
-        let Some(slot) = slot.filter(|_| self.cfg.request_history > 0) else {
-            return;
-        };
-        if kv.filled == 0 {
-            return;
+        if let Some(slot) = slot.filter(|_| self.cfg.request_history > 0 && kv.filled > 0) {
+            let end = kv.committed_until / b;
+            let start = end.saturating_sub(kv.filled as usize);
+            if let Some(r) = self.ids.get_mut(slot as usize) {
+                r.fill_epoch = self.pending.epoch();
+            }
+            for j in start..end {
+                self.pending.push_fill(
+                    slot,
+                    j as u32,
+                    blocks.get(j).copied(),
+                    hashes.get(j).map(wire_hash),
+                    kv.created.contains(&(j as u32)),
+                );
+            }
         }
-        let end = kv.committed_until / b;
-        let start = end.saturating_sub(kv.filled as usize);
-        if let Some(r) = self.ids.get_mut(slot as usize) {
-            r.fill_epoch = self.pending.epoch();
-        }
-        for j in start..end {
-            self.pending.push_fill(
-                slot,
-                j as u32,
-                blocks.get(j).copied(),
-                hashes.get(j).map(wire_hash),
-                kv.created.contains(&(j as u32)),
-            );
+        #[cfg(test)]
+        if tests::IMMEDIATE.with(|c| c.get()) {
+            self.flush();
         }
     }
 
