@@ -134,7 +134,7 @@ impl KvCacheManager {
         if !self.caching || tokens.is_empty() {
             return Vec::new();
         }
-        let max_blocks = (tokens.len() - 1) / self.block_size;
+        let max_blocks = max_cached_blocks(tokens.len(), self.block_size);
         self.ensure_hashes(kv, tokens, max_blocks);
         let mut hits = Vec::new();
         for h in &kv.hashes[..max_blocks] {
@@ -282,9 +282,26 @@ impl KvCacheManager {
     }
 }
 
+/// The most leading full blocks of an `n`-token prompt a lookup may take from a cache, so that
+/// at least one token is computed (its logits are needed): `floor((N-1)/B)` (spec §2).
+pub fn max_cached_blocks(n: usize, block_size: usize) -> usize {
+    n.saturating_sub(1) / block_size
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A prompt that fills its last block recomputes that block; a shorter tail leaves every
+    /// full block to the cache; an empty prompt takes none.
+    #[test]
+    fn the_n_minus_1_cap_keeps_one_token_to_compute() {
+        let cap = |n| max_cached_blocks(n, 16);
+        assert_eq!(
+            [cap(0), cap(1), cap(16), cap(17), cap(64), cap(1500)],
+            [0, 0, 0, 1, 3, 93]
+        );
+    }
 
     fn mgr(blocks: usize) -> KvCacheManager {
         KvCacheManager::new(blocks, 4, true, HashSeed::new(&[0; 32], 4, "t"))

@@ -268,9 +268,9 @@ pub(super) fn cachet_side(a: &KernelArgs, model: &LoadedModel) -> Result<CachetS
     }
 
     // TTFT cold vs fully cached: the second request's table reuses the first's full blocks
-    // and computes only the tail, at least one token (the scheduler's N-1 rule: a prompt
-    // that fills its last block recomputes that block).
-    let full = a.ttft_prompt.saturating_sub(1) / BLOCK;
+    // that a lookup may take (the N-1 rule: a prompt that fills its last block recomputes that
+    // block) and computes only the rest.
+    let full = cachet_core::kv_manager::max_cached_blocks(a.ttft_prompt, BLOCK);
     let cached_tokens = full * BLOCK;
     let p = tokens(model, 11, a.ttft_prompt)?;
     let (mut cold, mut warm) = (Vec::new(), Vec::new());

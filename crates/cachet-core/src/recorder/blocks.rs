@@ -282,7 +282,7 @@ impl BlockIndex {
             super::prefetch(p);
         }
         // Its tokens, written (a block of 16 tokens is one line).
-        if let Some(t) = self.tokens.get(self.tok0 + block as usize * self.b) {
+        if let Some(t) = self.tokens.get(self.tokens_at(block as usize)) {
             super::prefetch(t);
         }
     }
@@ -438,7 +438,7 @@ impl BlockIndex {
             hits: 0,
             depth,
         };
-        let t = self.tok0 + i * self.b;
+        let t = self.tokens_at(i);
         self.tokens[t..t + self.b].copy_from_slice(tokens);
         if !orphan {
             if head != NONE {
@@ -548,8 +548,7 @@ impl BlockIndex {
             }
             scanned += 1;
             if parent.is_some() || self.slots[c as usize].c.root_key == root_key {
-                let t = self.tok0 + c as usize * self.b;
-                let theirs = &self.tokens[t..t + self.b];
+                let theirs = self.tokens(c);
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });
                 }
@@ -561,8 +560,14 @@ impl BlockIndex {
 
     /// Tokens of a cached block.
     pub(crate) fn tokens(&self, block: BlockId) -> &[TokenId] {
-        let t = self.tok0 + block as usize * self.b;
+        let t = self.tokens_at(block as usize);
         self.tokens.get(t..t + self.b).unwrap_or(&[])
+    }
+
+    /// Where block `i`'s tokens start in [`BlockIndex::tokens`].
+    #[inline]
+    fn tokens_at(&self, i: usize) -> usize {
+        self.tok0 + i * self.b
     }
 
     /// The `n` hottest cached prefixes: blocks found by the most lookups, each the deepest
@@ -727,7 +732,7 @@ mod tests {
         for n in [1, 7, 1000] {
             let ix = BlockIndex::new(n, 16);
             for blk in [0, n - 1] {
-                let first = &ix.tokens[ix.tok0 + blk * 16] as *const TokenId as usize;
+                let first = ix.tokens(blk as BlockId).as_ptr() as usize;
                 assert_eq!(first % 64, 0, "{n} blocks, block {blk}");
             }
             assert_eq!(ix.tokens(0).len(), 16);

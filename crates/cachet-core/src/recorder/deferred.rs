@@ -43,6 +43,16 @@ struct PendingFill {
     new_entry: bool,
 }
 
+impl PendingFill {
+    /// Record it in its request's lifecycle (when one is kept).
+    #[inline]
+    fn record(self, hot: &mut [Hot]) {
+        if let Some(h) = hot.get_mut(self.slot as usize).filter(|h| h.life.is_some()) {
+            h.record_fill(self.index, self.block, self.hash, self.new_entry);
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Create(PendingCreate),
@@ -91,15 +101,10 @@ impl IndexQueue {
     /// reads or writes its hot state, and everything else its lifecycle records applies the
     /// queue first, so its records end as they would have.
     pub(super) fn apply_fills_of(&mut self, slot: u32, hot: &mut [Hot]) {
-        let Some(h) = hot.get_mut(slot as usize) else {
-            return;
-        };
         for op in self.pending.iter_mut() {
             if let Op::Fill(f) = *op {
                 if f.slot == slot {
-                    if h.life.is_some() {
-                        h.record_fill(f.index, f.block, f.hash, f.new_entry);
-                    }
+                    f.record(hot);
                     *op = Op::Done;
                     self.fills -= 1;
                     #[cfg(test)]
@@ -222,11 +227,7 @@ impl IndexQueue {
                         ix.creators.release(c);
                     }
                 }
-                Op::Fill(f) => {
-                    if let Some(h) = hot.get_mut(f.slot as usize).filter(|h| h.life.is_some()) {
-                        h.record_fill(f.index, f.block, f.hash, f.new_entry);
-                    }
-                }
+                Op::Fill(f) => f.record(hot),
                 Op::Done => {}
             }
         }

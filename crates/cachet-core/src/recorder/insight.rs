@@ -357,7 +357,7 @@ impl Insight {
         ri.pending_blocks = pending;
         let mut out = LookupInsight::default();
         // What a pool of each larger scale would have found after the local hit.
-        let cap = prompt_len.saturating_sub(1) / b;
+        let cap = crate::kv_manager::max_cached_blocks(prompt_len, b);
         if let Some(sh) = self.shadow.as_mut() {
             for g in 0..SCALES.len() {
                 let mut est = local;

@@ -11,13 +11,10 @@ use crate::{
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
 /// Returns (preemptions, evictions) and what the inspector shows: each request's lifecycle
 /// and the hottest prefixes.
-fn workload(
-    seed: u64,
-    num_blocks: usize,
-    n: u32,
-    families: u32,
-    alphabet: u32,
-) -> ((u64, u64), Vec<Option<RequestLifecycle>>, Vec<HotPrefix>) {
+/// (preemptions, evictions), each request's lifecycle, the hottest prefixes.
+type Outcome = ((u64, u64), Vec<Option<RequestLifecycle>>, Vec<HotPrefix>);
+
+fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> Outcome {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -93,6 +90,12 @@ fn workload(
     )
 }
 
+/// The workloads both tests run: pools of 12 to 27 blocks, 8 requests of 3 prompt families,
+/// alphabets of 2 to 4 tokens.
+fn varied(seed: u64) -> Outcome {
+    workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32)
+}
+
 /// A new entry's parent taken from the request's own newest entry (not read from the
 /// pool) is what the pool says, through decode, preemption (blocks freed and handed out
 /// again), shared prefixes (hits) and duplicate blocks: `filled` asserts it at each such
@@ -102,7 +105,7 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     OWN_PARENTS.with(|n| n.set(0));
     let (mut preempted, mut evicted) = (0, 0);
     for seed in 0..300 {
-        let ((p, e), _, _) = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
+        let ((p, e), _, _) = varied(seed);
         preempted += p;
         evicted += e;
     }
@@ -122,7 +125,7 @@ fn deferred_work_ends_as_if_applied_at_once() {
     for seed in 0..200 {
         let run = |immediate: bool| {
             IMMEDIATE.with(|c| c.set(immediate));
-            let r = workload(seed, 12 + (seed % 16) as usize, 8, 3, 2 + (seed % 3) as u32);
+            let r = varied(seed);
             IMMEDIATE.with(|c| c.set(false));
             r
         };
