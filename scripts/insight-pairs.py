@@ -13,7 +13,7 @@ down. Run the same binary as A and B to see the noise (10 pairs: within +-0.005 
     scripts/insight-pairs.py /tmp/engine_a /tmp/engine_b --pairs 10 --block 100
 
 `--env A_ENV B_ENV` compares two settings of one binary instead (e.g. `CACHET_ABLATE=`
-against `CACHET_ABLATE=index`).
+against `CACHET_ABLATE=index,history`; several settings are separated by spaces).
 """
 
 import argparse
@@ -38,13 +38,14 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=100, help="steps per block (CACHET_BLOCK)")
     ap.add_argument("--rounds", type=int, help="rounds per run (default: 120 at 100-step blocks, else 20)")
     ap.add_argument("--env", nargs=2, metavar=("A_ENV", "B_ENV"), default=("", ""),
-                    help="comma-separated KEY=VALUE settings for A and for B")
+                    help="space-separated KEY=VALUE settings for A and for B (a value may hold "
+                         "commas: 'CACHET_ABLATE=index,history')")
     args = ap.parse_args()
     rounds = args.rounds or (120 if args.block <= 100 else 20)
 
     def env_of(spec: str) -> dict:
         env = dict(os.environ, CACHET_BLOCK=str(args.block), CACHET_INTERLEAVED=str(rounds))
-        for kv in filter(None, spec.split(",")):
+        for kv in spec.split():
             k, v = kv.split("=", 1)
             env[k] = v
         return env
