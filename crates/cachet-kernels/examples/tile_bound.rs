@@ -170,31 +170,13 @@ mod bound {
         _mm512_reduce_add_ps(s)
     }
 
-    fn is_detected(f: &str) -> bool {
-        match f {
-            "avx512f" => std::arch::is_x86_feature_detected!("avx512f"),
-            "avx512bw" => std::arch::is_x86_feature_detected!("avx512bw"),
-            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
-            "avx512vnni" => std::arch::is_x86_feature_detected!("avx512vnni"),
-            "gfni" => std::arch::is_x86_feature_detected!("gfni"),
-            _ => std::arch::is_x86_feature_detected!("f16c"),
-        }
-    }
-
     pub fn main() {
-        use cachet_kernels::{isa::Isa, probe, QMatrix, ThreadPool, WeightType};
-        for f in [
-            "avx512f",
-            "avx512bw",
-            "avx512vl",
-            "avx512vnni",
-            "gfni",
-            "f16c",
-        ] {
-            if !is_detected(f) {
-                println!("this CPU lacks {f} (needs AVX-512 VNNI and GFNI): nothing to measure");
-                return;
-            }
+        use cachet_kernels::isa::{self, Isa};
+        use cachet_kernels::{probe, QMatrix, ThreadPool, WeightType};
+        // The AVX-512 level implies F/BW/VL/DQ, VNNI and F16C; GFNI is the one extra.
+        if isa::detected() < Isa::Avx512 || !std::arch::is_x86_feature_detected!("gfni") {
+            println!("needs AVX-512 VNNI and GFNI, which this CPU lacks: nothing to measure");
+            return;
         }
         let pool = ThreadPool::new(1);
         let peak = probe::int8_peak(&pool, Isa::Avx512).unwrap_or(f64::NAN);
