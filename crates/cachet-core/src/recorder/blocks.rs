@@ -179,12 +179,6 @@ impl Creators {
     pub(crate) fn live(&self) -> usize {
         self.slots.iter().filter(|s| s.1 > 0).count()
     }
-
-    /// Holds of all ids together.
-    #[cfg(test)]
-    pub(crate) fn holds(&self) -> u64 {
-        self.slots.iter().map(|s| u64::from(s.1)).sum()
-    }
 }
 
 /// The count of an id held by a live request, before its entries' and events' holds.
@@ -287,30 +281,10 @@ impl BlockIndex {
         if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
             super::prefetch(p);
         }
-        // (Its tokens are written by streaming stores: not read first.)
-    }
-
-    /// Start loading the lines detaching the dropped entry in `block` touches (its sibling
-    /// neighbours or its parent's children's head, and its first child), read from its line:
-    /// called once [`BlockIndex::prefetch_create`] has had time to bring that line in.
-    #[inline]
-    pub(crate) fn prefetch_detach(&self, block: BlockId) {
-        let Some(m) = self.n(block) else {
-            return;
-        };
-        if !m.occupied() {
-            return;
+        // Its tokens, written (a block of 16 tokens is one line).
+        if let Some(t) = self.tokens.get(self.tokens_at(block as usize)) {
+            super::prefetch(t);
         }
-        let at = |b: u32| {
-            if let Some(s) = self.slots.get(b as usize) {
-                super::prefetch(s);
-            }
-        };
-        if m.linked() {
-            at(if m.prev != NONE { m.prev } else { m.parent });
-            at(m.next);
-        }
-        at(m.first_child);
     }
 
     /// Whether [`BlockIndex::create`] makes an entry in `block` from `ntokens` tokens.
@@ -465,7 +439,7 @@ impl BlockIndex {
             depth,
         };
         let t = self.tokens_at(i);
-        super::write_streaming(&mut self.tokens[t..t + self.b], tokens);
+        self.tokens[t..t + self.b].copy_from_slice(tokens);
         if !orphan {
             if head != NONE {
                 self.slots[head as usize].n.prev = block;
@@ -857,37 +831,5 @@ mod tests {
         // A block out of range, or tokens of the wrong length, make no entry.
         assert!(!ix.create(9, h(3), 0, None, &[1, 2], 0, b, 0.0, false));
         assert!(!ix.create(3, h(3), 0, None, &[1], 0, b, 0.0, false));
-    }
-
-    /// Entries of 16-token blocks (one 64-byte line each, written by streaming stores) hold
-    /// their tokens like any other, also when a block is reused; a line-sized copy at an
-    /// unaligned place is the plain copy.
-    #[test]
-    fn line_sized_tokens_are_written_whole() {
-        let mut ix = BlockIndex::new(4, 16);
-        let who = ix.creators.acquire(&"r".into());
-        let toks = |k: u32| (0..16).map(|j| k * 100 + j).collect::<Vec<TokenId>>();
-        for b in 0..4 {
-            assert_eq!(
-                ix.tokens[ix.tokens_at(b as usize)..]
-                    .as_ptr()
-                    .align_offset(64),
-                0
-            );
-            assert!(ix.create(b, h(b as u8), 0, None, &toks(b), 0, who, 0.0, true));
-        }
-        let owner = ix.evicted(2).unwrap();
-        ix.creators.release(owner);
-        assert!(ix.create(2, h(9), 0, None, &toks(9), 0, who, 1.0, true));
-        for (b, k) in [(0, 0), (1, 1), (2, 9), (3, 3)] {
-            assert_eq!(ix.tokens(b), &toks(k)[..], "block {b}");
-        }
-        #[repr(align(64))]
-        struct Line([TokenId; 32]);
-        let mut v = Line([0; 32]);
-        super::super::write_streaming(&mut v.0[1..17], &toks(5));
-        assert_eq!((&v.0[1..17], v.0[0], v.0[17]), (&toks(5)[..], 0, 0));
-        super::super::write_streaming(&mut v.0[16..], &toks(6));
-        assert_eq!((&v.0[16..], v.0[15]), (&toks(6)[..], 514));
     }
 }

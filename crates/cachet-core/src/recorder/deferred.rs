@@ -1,7 +1,6 @@
 //! Work the recorder defers and does in batches, because what it touches is cold: new entries
-//! queued for the block index, and lifecycle fills and decode blocks' allocations (one ordered
-//! list, so the index and the lifecycles end as if each had been applied at once), and the
-//! releases of lifecycles dropped
+//! queued for the block index, and lifecycle fills (one ordered list, so the index and the
+//! lifecycles end as if each had been applied at once), and the releases of lifecycles dropped
 //! from the history (with the buffers they leave, kept for new requests). Each batch
 //! prefetches its lines ahead. (Evictions are not queued: dropping an entry touches no line of
 //! it, see `blocks.rs`.)
@@ -54,55 +53,26 @@ impl PendingFill {
     }
 }
 
-/// A decode block allocated for the request in `slot`, evicting one entry for it: the
-/// merged record ([`Hot::record_alloc`]), its evicted entry's owner held by it.
-#[derive(Clone, Copy, Debug)]
-struct PendingAlloc {
-    slot: u32,
-    ev: Ev,
-}
-
-impl PendingAlloc {
-    /// Record it in its request's lifecycle (when one is kept); the owner's hold is released
-    /// when no event keeps it.
-    #[inline]
-    fn record(self, hot: &mut [Hot], index: Option<&mut BlockIndex>) {
-        let kept = hot
-            .get_mut(self.slot as usize)
-            .filter(|h| h.life.is_some())
-            .is_some_and(|h| h.record_alloc(self.ev));
-        if !kept && self.ev.owner != super::blocks::NONE {
-            if let Some(ix) = index {
-                ix.creators.release(self.ev.owner);
-            }
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug)]
 enum Op {
     Create(PendingCreate),
     Release(u32),
     Fill(PendingFill),
-    Alloc(PendingAlloc),
-    /// A fill or allocation already recorded ([`IndexQueue::apply_lifecycle_of`]).
+    /// A fill already recorded ([`IndexQueue::apply_fills_of`]).
     Done,
 }
 
-/// New entries not yet applied to the block index, and fills and allocations not yet recorded
-/// in their lifecycles, in order, with the new entries' tokens. A fill creates one entry per
-/// call, and its lines (the entry's, the parent's children's head, the dropped entry's
-/// neighbours, the request's hot line and the record its fill joins) are cold, as is the end
-/// of the lifecycle a decode block's allocation writes: applied one by one, each waited for
-/// its misses; queued and applied together, [`AHEAD`] are in flight at once.
+/// New entries not yet applied to the block index, and fills not yet recorded in their
+/// lifecycles, in order, with the new entries' tokens. A fill creates one entry per
+/// call, and its lines (the entry's, the parent's children's head, the request's hot line and
+/// the record its fill joins) are cold: applied one by one, each waited for its misses; queued
+/// and applied together, [`AHEAD`] are in flight at once.
 #[derive(Debug, Default)]
 pub(super) struct IndexQueue {
     pending: Vec<Op>,
     tokens: Vec<crate::TokenId>,
-    /// `Fill`s and `Alloc`s among them (lifecycle records).
-    life: usize,
-    /// `Create`s and `Release`s among them (changes to the block index).
-    index_ops: usize,
+    /// `Fill`s among them.
+    fills: usize,
     /// Which batch is being queued: counts the batches applied (see [`IndexQueue::epoch`]).
     epoch: u32,
 }
@@ -113,58 +83,35 @@ impl IndexQueue {
         self.pending.is_empty()
     }
 
-    /// Whether lifecycle records (fills, allocations) are queued.
+    /// Whether lifecycle fills are queued.
     #[inline]
-    pub(super) fn has_lifecycle(&self) -> bool {
-        self.life > 0
+    pub(super) fn has_fills(&self) -> bool {
+        self.fills > 0
     }
 
-    /// Whether changes to the block index are queued.
-    #[inline]
-    pub(super) fn has_index_ops(&self) -> bool {
-        self.index_ops > 0
-    }
-
-    /// The batch being queued: a slot whose lifecycle record was queued in this batch has it
-    /// (or had it, if [`IndexQueue::apply_lifecycle_of`] took it) until the batch is applied.
+    /// The batch being queued: a slot whose fill was queued in this batch has it (or had it,
+    /// if [`IndexQueue::apply_fills_of`] took it) until the batch is applied.
     #[inline]
     pub(super) fn epoch(&self) -> u32 {
         self.epoch
     }
 
-    /// Record the queued fills and allocations of the request in `slot` in its lifecycle now,
-    /// in order, and leave the rest queued: before its lifecycle is taken when it ends.
-    /// Nothing else queued reads or writes its hot state (an allocation's release of an owner
-    /// no event keeps touches only that owner's count, which nothing reads but the release
-    /// that ends it), and everything else its lifecycle records applies the queue first, so
-    /// its records end as they would have.
-    pub(super) fn apply_lifecycle_of(
-        &mut self,
-        slot: u32,
-        mut index: Option<&mut BlockIndex>,
-        hot: &mut [Hot],
-    ) {
+    /// Record the queued fills of the request in `slot` in its lifecycle now, in order, and
+    /// leave the rest queued: before its lifecycle is taken when it ends. Nothing else queued
+    /// reads or writes its hot state, and everything else its lifecycle records applies the
+    /// queue first, so its records end as they would have.
+    pub(super) fn apply_fills_of(&mut self, slot: u32, hot: &mut [Hot]) {
         for op in self.pending.iter_mut() {
-            match *op {
-                Op::Fill(f) if f.slot == slot => f.record(hot),
-                Op::Alloc(a) if a.slot == slot => a.record(hot, index.as_deref_mut()),
-                _ => continue,
+            if let Op::Fill(f) = *op {
+                if f.slot == slot {
+                    f.record(hot);
+                    *op = Op::Done;
+                    self.fills -= 1;
+                    #[cfg(test)]
+                    super::insight::tests::FILLS_AT_END.with(|n| n.set(n.get() + 1));
+                }
             }
-            *op = Op::Done;
-            self.life -= 1;
-            #[cfg(test)]
-            super::insight::tests::FILLS_AT_END.with(|n| n.set(n.get() + 1));
         }
-    }
-
-    /// A decode block allocated for the request in `slot`, evicting one entry for it: `ev`,
-    /// an `Allocated` record with [`super::lifecycle::WITH_EVICTED`], its owner held by it.
-    #[inline]
-    pub(super) fn push_alloc(&mut self, slot: u32, ev: Ev) {
-        self.life += 1;
-        self.pending.push(Op::Alloc(PendingAlloc { slot, ev }));
-        #[cfg(test)]
-        super::insight::tests::ALLOCS_QUEUED.with(|n| n.set(n.get() + 1));
     }
 
     /// Block `block` at `index` of the request in `slot` was filled (`hash`; `new_entry`: it
@@ -178,7 +125,7 @@ impl IndexQueue {
         hash: Option<u64>,
         new_entry: bool,
     ) {
-        self.life += 1;
+        self.fills += 1;
         self.pending.push(Op::Fill(PendingFill {
             slot,
             index,
@@ -202,7 +149,6 @@ impl IndexQueue {
         now: f64,
         hold: bool,
     ) {
-        self.index_ops += 1;
         let tok = self.tokens.len() as u32;
         self.tokens.extend_from_slice(tokens);
         self.pending.push(Op::Create(PendingCreate {
@@ -221,29 +167,25 @@ impl IndexQueue {
 
     /// One hold of `creator` to release after what is queued before it.
     pub(super) fn push_release(&mut self, creator: u32) {
-        self.index_ops += 1;
         self.pending.push(Op::Release(creator));
     }
 
-    /// Apply them to `index` and the lifecycles in `hot`, in order. Lines come in two stages,
-    /// the second's addresses read from the first's: a new entry's line [`AHEAD`] before the
-    /// lines detaching the dropped entry there touches; a fill's or an allocation's hot line
-    /// [`AHEAD`] before the record it may join or the lifecycle's end; [`AHEAD`] before it is
-    /// applied.
+    /// Apply them to `index` and the lifecycles in `hot`, in order. A fill's lines come in two
+    /// stages: its hot line [`AHEAD`] before the record it may join (whose address is in that
+    /// line), [`AHEAD`] before it is applied.
     #[inline(never)]
     pub(super) fn apply(&mut self, mut index: Option<&mut BlockIndex>, hot: &mut [Hot]) {
         let far = |ix: Option<&BlockIndex>, hot: &[Hot], op: &Op| match (*op, ix) {
             (Op::Create(c), Some(ix)) => ix.prefetch_create(c.block, c.parent),
-            (Op::Fill(PendingFill { slot, .. }) | Op::Alloc(PendingAlloc { slot, .. }), _) => {
-                if let Some(h) = hot.get(slot as usize) {
+            (Op::Fill(f), _) => {
+                if let Some(h) = hot.get(f.slot as usize) {
                     super::prefetch(h);
                 }
             }
             _ => {}
         };
-        let near = |ix: Option<&BlockIndex>, hot: &[Hot], op: &Op| match (*op, ix) {
-            (Op::Create(c), Some(ix)) => ix.prefetch_detach(c.block),
-            (Op::Fill(f), _) => {
+        let near = |hot: &[Hot], op: &Op| {
+            if let Op::Fill(f) = *op {
                 if let Some(last) = hot
                     .get(f.slot as usize)
                     .and_then(|h| h.life.as_ref())
@@ -252,25 +194,19 @@ impl IndexQueue {
                     super::prefetch(last);
                 }
             }
-            (Op::Alloc(a), _) => {
-                if let Some(h) = hot.get(a.slot as usize) {
-                    h.prefetch_tails();
-                }
-            }
-            _ => {}
         };
         for p in self.pending.iter().take(2 * AHEAD) {
             far(index.as_deref(), hot, p);
         }
         for p in self.pending.iter().take(AHEAD) {
-            near(index.as_deref(), hot, p);
+            near(hot, p);
         }
         for k in 0..self.pending.len() {
             if let Some(q) = self.pending.get(k + 2 * AHEAD) {
                 far(index.as_deref(), hot, q);
             }
             if let Some(q) = self.pending.get(k + AHEAD) {
-                near(index.as_deref(), hot, q);
+                near(hot, q);
             }
             match self.pending[k] {
                 Op::Create(c) => {
@@ -292,16 +228,12 @@ impl IndexQueue {
                     }
                 }
                 Op::Fill(f) => f.record(hot),
-                Op::Alloc(a) => a.record(hot, index.as_deref_mut()),
                 Op::Done => {}
             }
         }
-        // (`create` writes entries' tokens by streaming stores.)
-        super::store_fence();
         self.pending.clear();
         self.tokens.clear();
-        self.life = 0;
-        self.index_ops = 0;
+        self.fills = 0;
         self.epoch = self.epoch.wrapping_add(1);
     }
 }

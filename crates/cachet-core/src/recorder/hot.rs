@@ -132,39 +132,6 @@ impl Hot {
         self.push(e);
     }
 
-    /// Record a decode block's allocation that evicted one entry for it (`ev`: an `Allocated`
-    /// record with `WITH_EVICTED`): as one record while merged records fit, else as its
-    /// events; the evicted entry's owner is kept with the `evicted` event. Returns whether it
-    /// was (else the caller releases the owner's hold).
-    #[inline]
-    pub(super) fn record_alloc(&mut self, ev: Ev) -> bool {
-        let kept = if self.merges() {
-            self.push(ev)
-        } else {
-            let mut kept = false;
-            ev.expand(|e| {
-                let k = self.push(e);
-                if e.kind == BlockEventKind::Evicted {
-                    kept = k;
-                }
-            });
-            kept
-        };
-        if kept && ev.owner != NONE {
-            self.owners.push(ev.owner);
-        }
-        kept
-    }
-
-    /// Hint the CPU to load where the next record and owner go (no effect on results).
-    #[inline]
-    pub(super) fn prefetch_tails(&self) {
-        if let Some(l) = self.life.as_ref() {
-            super::prefetch_ptr(l.as_ptr().wrapping_add(l.len()));
-        }
-        super::prefetch_ptr(self.owners.as_ptr().wrapping_add(self.owners.len()));
-    }
-
     /// Whether a merged record may be added or grow (its events fit).
     #[inline]
     pub(super) fn merges(&self) -> bool {
@@ -249,63 +216,5 @@ mod tests {
         assert_eq!((l.len(), expanded_len(l)), (1366, MAX_BLOCK_EVENTS));
         assert_eq!((h.counted, h.dropped), (4096, 2));
         assert_eq!(expand(l).len(), MAX_BLOCK_EVENTS);
-    }
-
-    /// A queued decode block's allocation is one merged record, its owner kept, while merged
-    /// records fit; past them it is its events (`evicted`, then `allocated`), the owner kept
-    /// only when its `evicted` event is; once the events are full nothing is kept and the
-    /// caller releases the owner.
-    #[test]
-    fn a_queued_allocation_is_merged_while_records_fit_and_its_events_after() {
-        let alloc = |j: u32, owner: u32| {
-            let mut e = Ev::new(BlockEventKind::Allocated, Some(j), Some(j + 10), None);
-            e.hash = u64::from(j) + 100;
-            e.owner = owner;
-            e.flags |= WITH_EVICTED;
-            e
-        };
-        let mut h = Hot {
-            life: Some(Vec::new()),
-            ..Default::default()
-        };
-        assert!(h.record_alloc(alloc(0, 5)));
-        assert!(h.record_alloc(alloc(1, NONE)));
-        assert_eq!(h.owners, vec![5]);
-        assert_eq!(
-            h.life.as_ref().map(|l| (l.len(), expanded_len(l))),
-            Some((2, 4))
-        );
-        for j in 2..MERGED_RECORDS as u32 {
-            assert!(h.push(decode_block(j)));
-        }
-        // 2 records of 2 events and 1,363 of 3: 4,093 events; the next allocation's two
-        // events fit, the one after's first fits, then nothing.
-        assert!(h.record_alloc(alloc(7000, 6)));
-        assert!(h.record_alloc(alloc(7001, 7)));
-        assert!(!h.record_alloc(alloc(7002, 8)));
-        assert_eq!(h.owners, vec![5, 6, 7]);
-        assert_eq!((h.counted, h.dropped), (4096, 3));
-        let tail: Vec<BlockEvent> = h.life.as_ref().unwrap()[MERGED_RECORDS..]
-            .iter()
-            .map(|e| e.event(None))
-            .collect();
-        let ev = |event, j: u32, hash| BlockEvent {
-            event,
-            index: Some(j),
-            block: Some(j + 10),
-            hash,
-            new_entry: false,
-            owner: None,
-        };
-        assert_eq!(
-            tail,
-            vec![
-                ev(BlockEventKind::Evicted, 7000, Some(7100)),
-                ev(BlockEventKind::Allocated, 7000, None),
-                ev(BlockEventKind::Evicted, 7001, Some(7101)),
-            ]
-        );
-        // Unkept lifecycles keep nothing.
-        assert!(!Hot::default().record_alloc(alloc(0, 5)));
     }
 }

@@ -182,11 +182,11 @@ impl Insight {
         }
     }
 
-    /// Apply what is queued when it holds lifecycle records: before anything else is recorded
+    /// Apply what is queued when it holds lifecycle fills: before anything else is recorded
     /// in a lifecycle (a fill joins its allocation's record only if nothing came between).
     #[inline]
-    fn flush_lifecycle(&mut self) {
-        if self.pending.has_lifecycle() {
+    fn flush_fills(&mut self) {
+        if self.pending.has_fills() {
             self.flush();
         }
     }
@@ -481,48 +481,16 @@ impl Insight {
         blocks: &[BlockId],
     ) {
         self.ensure(pool);
-        let first_new = blocks.len().saturating_sub(kv.allocated as usize);
-        let new = &blocks[first_new..];
-        // A decode block's allocation that evicted one entry for it, for a kept lifecycle: one
-        // record, queued (the lines it writes, the lifecycle's end, were last touched a block
-        // of decode steps ago) and applied in order with the rest of the queue.
-        let queued = match (slot, &kv.evicted[..]) {
-            (Some(s), [e]) if new == [e.block] && self.cfg.request_history > 0 => {
-                self.ids.get(s as usize).map(|_| (s, e))
-            }
-            _ => None,
-        };
-        // The entries it evicted are dropped from the index now, after the index's queued
-        // changes; what it records in a lifecycle directly comes after the queued records.
-        if self.pending.has_index_ops() || (queued.is_none() && self.pending.has_lifecycle()) {
+        // The entries it evicted are dropped from the index now, after what is queued.
+        if self.index.is_some() {
             self.flush();
-        }
-        if let Some((s, e)) = queued {
-            let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
-            let mut ev = Ev::new(
-                BlockEventKind::Allocated,
-                Some(first_new as u32),
-                Some(e.block),
-                None,
-            );
-            ev.hash = wire_hash(&e.hash);
-            ev.flags |= WITH_EVICTED;
-            ev.owner = owner.unwrap_or(NONE);
-            self.pending.push_alloc(s, ev);
-            if let Some(r) = self.ids.get_mut(s as usize) {
-                r.fill_epoch = self.pending.epoch();
-            }
-            if let Some(sh) = self.shadow.as_mut() {
-                sh.take_blocks(std::iter::once(Some(e.hash)));
-            }
-            #[cfg(test)]
-            if tests::IMMEDIATE.with(|c| c.get()) {
-                self.flush();
-            }
-            return;
+        } else {
+            self.flush_fills();
         }
         let mut index = self.index.as_mut();
         let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
+        let first_new = blocks.len().saturating_sub(kv.allocated as usize);
+        let new = &blocks[first_new..];
         // The pool takes blocks in queue order and lists evictions as it goes: the evicted
         // blocks are a subsequence of the new ones, found with one walk (checked: otherwise by
         // search).
@@ -713,7 +681,7 @@ impl Insight {
     }
 
     pub(crate) fn loaded(&mut self, slot: u32, hashes_from: usize, n: usize) {
-        self.flush_lifecycle();
+        self.flush_fills();
         let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
             return;
         };
@@ -723,7 +691,7 @@ impl Insight {
     }
 
     pub(crate) fn preempted(&mut self, slot: u32) {
-        self.flush_lifecycle();
+        self.flush_fills();
         // Its blocks are freed: its entries may go.
         if let Some(i) = self.ids.get_mut(slot as usize) {
             i.own = None;
@@ -767,8 +735,7 @@ impl Insight {
             .get(slot as usize)
             .is_some_and(|i| i.fill_epoch == self.pending.epoch())
         {
-            self.pending
-                .apply_lifecycle_of(slot, self.index.as_mut(), &mut self.hot);
+            self.pending.apply_fills_of(slot, &mut self.hot);
         }
         let tenant = self.tenant_name(ri.tenant);
         if primary {

@@ -53,59 +53,6 @@ pub(crate) fn prefetch<T>(v: &T) {
     let _ = v;
 }
 
-/// Hint the CPU to load the cache line holding `p` (no effect on results; `p` need not be
-/// valid: a prefetch never faults).
-#[inline(always)]
-pub(crate) fn prefetch_ptr<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch is a hint: it never faults and reads nothing the program sees.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast::<i8>());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
-}
-
-/// `dst = src` (equal lengths), each whole 64-byte line of `dst` written by streaming stores:
-/// not read first, and not kept in the caches (for data written now and read rarely, such as
-/// an index entry's tokens). Same result as `copy_from_slice`; the stores are ordered before
-/// anything after [`store_fence`].
-#[inline]
-pub(crate) fn write_streaming(dst: &mut [crate::TokenId], src: &[crate::TokenId]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
-        const LINE: usize = 64 / std::mem::size_of::<crate::TokenId>();
-        if dst.len() == src.len()
-            && dst.len().is_multiple_of(LINE)
-            && dst.as_ptr().align_offset(64) == 0
-        {
-            for (d, s) in dst.chunks_exact_mut(4).zip(src.chunks_exact(4)) {
-                // SAFETY: `d` and `s` are 4 valid `u32`s (16 bytes) each; `d` is 16-byte
-                // aligned (its slice starts on a 64-byte boundary and advances by 16 bytes);
-                // SSE2 is part of x86_64.
-                unsafe {
-                    let v = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
-                    _mm_stream_si128(d.as_mut_ptr().cast::<__m128i>(), v);
-                }
-            }
-            return;
-        }
-    }
-    dst.copy_from_slice(src);
-}
-
-/// Order the streaming stores before what follows (for another thread that reads them later;
-/// this thread sees its own stores in order anyway).
-#[inline]
-pub(crate) fn store_fence() {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `sfence` has no operands and no effect but ordering stores.
-    unsafe {
-        std::arch::x86_64::_mm_sfence();
-    }
-}
-
 /// Session-cumulative numbers: the sum over a session's turns, this one included.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SessionTotals {

@@ -7,17 +7,13 @@ use crate::{
     SchedulerConfig,
 };
 
-/// (preemptions, evictions, the creator ids' holds), each request's lifecycle, the hottest
-/// prefixes.
-type Outcome = (
-    (u64, u64, u64),
-    Vec<Option<RequestLifecycle>>,
-    Vec<HotPrefix>,
-);
-
 /// One workload on a small pool: `n` requests from `families` prompt families (shared
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
-/// Returns its [`Outcome`]: what the inspector shows, and the holds nothing shows.
+/// Returns (preemptions, evictions) and what the inspector shows: each request's lifecycle
+/// and the hottest prefixes.
+/// (preemptions, evictions), each request's lifecycle, the hottest prefixes.
+type Outcome = ((u64, u64), Vec<Option<RequestLifecycle>>, Vec<HotPrefix>);
+
 fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> Outcome {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
@@ -87,16 +83,10 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
     let rec = s.observer_mut();
     let totals = rec.totals();
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
-    let hottest = rec.hottest(t, 64);
-    let holds = rec
-        .insight
-        .index
-        .as_ref()
-        .map_or(0, |ix| ix.creators.holds());
     (
-        (totals.num_preemptions, totals.blocks_evicted, holds),
+        (totals.num_preemptions, totals.blocks_evicted),
         lifecycles,
-        hottest,
+        rec.hottest(t, 64),
     )
 }
 
@@ -115,7 +105,7 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     OWN_PARENTS.with(|n| n.set(0));
     let (mut preempted, mut evicted) = (0, 0);
     for seed in 0..300 {
-        let ((p, e, _), _, _) = varied(seed);
+        let ((p, e), _, _) = varied(seed);
         preempted += p;
         evicted += e;
     }
@@ -124,15 +114,14 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     assert!(own > 1000, "own parents taken: {own}");
 }
 
-/// What the queue defers (new entries, lifecycle fills, decode blocks' allocations) and what
-/// it applies early (the records of a request that ends, before its lifecycle is kept) ends
-/// as if each had been applied at once: every lifecycle, the hottest prefixes and the creator
-/// ids' holds are the same as with the queue applied after every fill and allocation, over
-/// workloads where requests end with records of theirs and of others queued.
+/// What the queue defers (new entries, lifecycle fills) and what it applies early (the fills
+/// of a request that ends, before its lifecycle is kept) ends as if each had been applied at
+/// once: every lifecycle and the hottest prefixes are the same as with the queue applied
+/// after every fill, over workloads where requests end with fills of theirs and of others
+/// queued.
 #[test]
 fn deferred_work_ends_as_if_applied_at_once() {
     FILLS_AT_END.with(|n| n.set(0));
-    ALLOCS_QUEUED.with(|n| n.set(0));
     for seed in 0..200 {
         let run = |immediate: bool| {
             IMMEDIATE.with(|c| c.set(immediate));
@@ -149,10 +138,8 @@ fn deferred_work_ends_as_if_applied_at_once() {
     let early = FILLS_AT_END.with(|n| n.get());
     assert!(
         early > 100,
-        "records applied when their request ended: {early}"
+        "fills applied when their request ended: {early}"
     );
-    let allocs = ALLOCS_QUEUED.with(|n| n.get());
-    assert!(allocs > 1000, "allocations queued: {allocs}");
 }
 
 thread_local! {
@@ -160,9 +147,6 @@ thread_local! {
     pub(super) static OWN_PARENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Apply the queue after every fill (the reference the deferred run is checked against).
     pub(super) static IMMEDIATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Decode blocks' allocations queued for their lifecycles.
-    pub(crate) static ALLOCS_QUEUED: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-    /// Fills and allocations recorded when their request ended, ahead of the rest of the
-    /// queue.
+    /// Fills recorded when their request ended, ahead of the rest of the queue.
     pub(crate) static FILLS_AT_END: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
