@@ -179,6 +179,12 @@ impl Creators {
     pub(crate) fn live(&self) -> usize {
         self.slots.iter().filter(|s| s.1 > 0).count()
     }
+
+    /// Holds of all ids together.
+    #[cfg(test)]
+    pub(crate) fn holds(&self) -> u64 {
+        self.slots.iter().map(|s| u64::from(s.1)).sum()
+    }
 }
 
 /// The count of an id held by a live request, before its entries' and events' holds.

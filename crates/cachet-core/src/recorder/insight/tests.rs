@@ -7,13 +7,17 @@ use crate::{
     SchedulerConfig,
 };
 
+/// (preemptions, evictions, the creator ids' holds), each request's lifecycle, the hottest
+/// prefixes.
+type Outcome = (
+    (u64, u64, u64),
+    Vec<Option<RequestLifecycle>>,
+    Vec<HotPrefix>,
+);
+
 /// One workload on a small pool: `n` requests from `families` prompt families (shared
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
-/// Returns (preemptions, evictions) and what the inspector shows: each request's lifecycle
-/// and the hottest prefixes.
-/// (preemptions, evictions), each request's lifecycle, the hottest prefixes.
-type Outcome = ((u64, u64), Vec<Option<RequestLifecycle>>, Vec<HotPrefix>);
-
+/// Returns its [`Outcome`]: what the inspector shows, and the holds nothing shows.
 fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> Outcome {
     let mut x = seed
         .wrapping_mul(6364136223846793005)
@@ -83,10 +87,16 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
     let rec = s.observer_mut();
     let totals = rec.totals();
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
+    let hottest = rec.hottest(t, 64);
+    let holds = rec
+        .insight
+        .index
+        .as_ref()
+        .map_or(0, |ix| ix.creators.holds());
     (
-        (totals.num_preemptions, totals.blocks_evicted),
+        (totals.num_preemptions, totals.blocks_evicted, holds),
         lifecycles,
-        rec.hottest(t, 64),
+        hottest,
     )
 }
 
@@ -105,7 +115,7 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     OWN_PARENTS.with(|n| n.set(0));
     let (mut preempted, mut evicted) = (0, 0);
     for seed in 0..300 {
-        let ((p, e), _, _) = varied(seed);
+        let ((p, e, _), _, _) = varied(seed);
         preempted += p;
         evicted += e;
     }
@@ -116,8 +126,8 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
 
 /// What the queue defers (new entries, lifecycle fills) and what it applies early (the fills
 /// of a request that ends, before its lifecycle is kept) ends as if each had been applied at
-/// once: every lifecycle and the hottest prefixes are the same as with the queue applied
-/// after every fill, over workloads where requests end with fills of theirs and of others
+/// once: every lifecycle, the hottest prefixes and the creator ids' holds are the same as
+/// with the queue applied after every fill, over workloads where requests end with fills of theirs and of others
 /// queued.
 #[test]
 fn deferred_work_ends_as_if_applied_at_once() {
