@@ -127,8 +127,8 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
 /// What the queue defers (new entries, lifecycle fills) and what it applies early (the fills
 /// of a request that ends, before its lifecycle is kept) ends as if each had been applied at
 /// once: every lifecycle, the hottest prefixes and the creator ids' holds are the same as
-/// with the queue applied after every fill, over workloads where requests end with fills of theirs and of others
-/// queued.
+/// with the queue applied after every fill, over workloads where requests end with fills of
+/// theirs and of others queued.
 #[test]
 fn deferred_work_ends_as_if_applied_at_once() {
     FILLS_AT_END.with(|n| n.set(0));
