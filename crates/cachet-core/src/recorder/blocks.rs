@@ -182,8 +182,8 @@ impl Creators {
 
     /// Holds of all ids together.
     #[cfg(test)]
-    pub(crate) fn holds(&self) -> u64 {
-        self.slots.iter().map(|s| u64::from(s.1)).sum()
+    pub(crate) fn holds(&self) -> usize {
+        self.slots.iter().map(|s| s.1 as usize).sum()
     }
 }
 
@@ -291,6 +291,14 @@ impl BlockIndex {
         if let Some(t) = self.tokens.get(self.tokens_at(block as usize)) {
             super::prefetch(t);
         }
+    }
+
+    /// Live entries that hold a creator id.
+    #[cfg(test)]
+    pub(crate) fn owned_entries(&self) -> usize {
+        (0..self.slots.len())
+            .filter(|&i| self.is_cached(i) && self.owner[i] != NONE)
+            .count()
     }
 
     /// Whether [`BlockIndex::create`] makes an entry in `block` from `ntokens` tokens.

@@ -297,6 +297,12 @@ impl Retirement {
         }
     }
 
+    /// Owner holds of the lifecycles retired but not released yet.
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        self.retired.iter().map(|k| k.owners.len()).sum()
+    }
+
     /// A kept buffer (or new empty ones).
     pub(super) fn spare(&mut self) -> (Vec<Ev>, Vec<u32>) {
         self.spare.pop().unwrap_or_default()

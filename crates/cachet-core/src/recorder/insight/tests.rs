@@ -10,7 +10,7 @@ use crate::{
 /// (preemptions, evictions, the creator ids' holds), each request's lifecycle, the hottest
 /// prefixes.
 type Outcome = (
-    (u64, u64, u64),
+    (u64, u64, usize),
     Vec<Option<RequestLifecycle>>,
     Vec<HotPrefix>,
 );
@@ -19,6 +19,7 @@ type Outcome = (
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
 /// Returns its [`Outcome`]: what the inspector shows, and the holds nothing shows.
 fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> Outcome {
+    let run = seed;
     let mut x = seed
         .wrapping_mul(6364136223846793005)
         .wrapping_add(1442695040888963407);
@@ -88,11 +89,17 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
     let totals = rec.totals();
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
     let hottest = rec.hottest(t, 64);
-    let holds = rec
-        .insight
-        .index
-        .as_ref()
-        .map_or(0, |ix| ix.creators.holds());
+    // Every request has ended: each hold of a creator id is a live entry's or an `evicted`
+    // event's of a kept lifecycle (in the history, or retired and not released yet).
+    let ins = &rec.insight;
+    let ix = ins.index.as_ref().expect("block index kept");
+    let holds = ix.creators.holds();
+    let events: usize = ins.history.iter().map(|k| k.owners.len()).sum();
+    assert_eq!(
+        holds,
+        ix.owned_entries() + events + ins.retirement.held(),
+        "seed {run}: creator holds"
+    );
     (
         (totals.num_preemptions, totals.blocks_evicted, holds),
         lifecycles,
