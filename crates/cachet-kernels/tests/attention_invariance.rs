@@ -136,7 +136,17 @@ fn a_token_alone_equals_its_row_in_a_tile() {
     ];
     for_each_isa(|_| {
         for &shape in &shapes {
-            for &(start, n) in &[(0, 1), (0, 9), (37, 5), (30, 40), (100, 21), (126, 4), (250, 6), (1038, 6), (300, 2)] {
+            for &(start, n) in &[
+                (0, 1),
+                (0, 9),
+                (37, 5),
+                (30, 40),
+                (100, 21),
+                (126, 4),
+                (250, 6),
+                (1038, 6),
+                (300, 2),
+            ] {
                 tile_equals_alone::<f32>(&pool, shape, start, n);
                 tile_equals_alone::<f16>(&pool, shape, start, n);
             }
