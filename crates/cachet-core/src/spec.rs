@@ -24,8 +24,11 @@
 //! every layer and the lm_head, and one more attention pass over the whole context), so with
 //! [`SpecConfig::adaptive`] a request whose drafts are rejected drafts less:
 //! * **shorter drafts**: after a draft of which `a` tokens were accepted and one rejected, the
-//!   request's next drafts carry at most `a + 1` tokens; each fully accepted draft raises that
-//!   limit by one again (up to `K`);
+//!   request's draft limit drops by one, or to `a + 1` if that is more; each fully accepted
+//!   draft raises it by one again (up to `K`). A copying request's rejections are single
+//!   mismatches (the model changes one constant) after which the copy resumes: cutting the
+//!   limit to `a + 1` at once took 2.60 tokens per step on `cachet bench spec`'s edit
+//!   workload, one step at a time 3.08 (docs/benchmarks.md, "Speculative decoding");
 //! * **fewer drafts**: after `m >= 2` consecutive drafts with nothing accepted it passes over its
 //!   next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]); its first accepted token ends the
 //!   streak.
@@ -147,10 +150,11 @@ impl SpecState {
         if spec.adaptive {
             self.skip = backoff_skips(self.misses);
             let k = spec.num_speculative_tokens;
+            let limit = self.draft_limit(k);
             self.limit = if accepted >= drafted {
-                (self.draft_limit(k) + 1).min(k)
+                (limit + 1).min(k)
             } else {
-                accepted + 1
+                (accepted + 1).max(limit.saturating_sub(1))
             };
         }
     }
@@ -396,34 +400,40 @@ mod tests {
         let mut st = SpecState::default();
         assert_eq!(st.draft_limit(5), 5);
         st.record(&on, 3, 0);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 1));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 4));
         st.record(&on, 1, 0);
-        assert_eq!((st.misses, st.skip), (2, 1));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (2, 1, 3));
         st.skip = 0; // the one proposal passed over
         st.record(&on, 1, 0);
-        assert_eq!((st.misses, st.skip), (3, 3));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (3, 3, 2));
         // An accepted token ends the streak (the skip was spent before drafting again), and a
         // fully accepted draft raises the limit by one.
         st.skip = 0;
         st.record(&on, 1, 1);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (0, 0, 2));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (0, 0, 3));
         st.record(&on, 2, 2);
-        assert_eq!(st.draft_limit(5), 3);
-        // 2 of 3 accepted: the next draft has at most 3 (2 + 1) tokens.
+        assert_eq!(st.draft_limit(5), 4);
+        // 1 of 4 accepted: 4 - 1 = 3 (more than 1 + 1). Then 2 of 3: 3 - 1 = 2 is less than
+        // 2 + 1, so 3.
+        st.record(&on, 4, 1);
+        assert_eq!((st.misses, st.draft_limit(5)), (0, 3));
         st.record(&on, 3, 2);
         assert_eq!((st.misses, st.draft_limit(5)), (0, 3));
         for _ in 0..4 {
             st.record(&on, 3, 3);
         }
         assert_eq!(st.draft_limit(5), 5); // capped at K
-        st.record(&on, 5, 0);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 1));
+                                          // 1 of 5 accepted: 5 - 1 = 4 (more than 1 + 1); then none of 4: 3.
+        st.record(&on, 5, 1);
+        assert_eq!((st.misses, st.draft_limit(5)), (0, 4));
+        st.record(&on, 4, 0);
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 3));
         assert_eq!(
             st.counts,
             SpecDecodeCounts {
-                num_drafts: 11,
-                num_draft_tokens: 3 + 1 + 1 + 1 + 2 + 3 + 4 * 3 + 5,
-                num_accepted_tokens: 1 + 2 + 2 + 4 * 3
+                num_drafts: 13,
+                num_draft_tokens: 3 + 1 + 1 + 1 + 2 + 4 + 3 + 4 * 3 + 5 + 4,
+                num_accepted_tokens: 1 + 2 + 1 + 2 + 4 * 3 + 1
             }
         );
         // Off: the streak is counted, nothing is skipped or shortened.

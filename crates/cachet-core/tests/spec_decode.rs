@@ -589,9 +589,10 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     // Draft lengths: the proposal is `[4, 5, 10]` at step 2 and `[previous fresh token, 10]`
     // after (it runs to the end of the context), capped by the room left in p's block of 4:
     // at step 2j, p = 2j + 4, so 1 slot left when j is odd (p = 6, 10, ...) and 3 when it is
-    // even (p = 8, 12, ...). Fixed drafts: 1, 2, 1, 2, ... Adaptive: the step-2 draft's
-    // rejection (0 of 1 accepted) limits the next ones to 0 + 1 = 1 token, and nothing is
-    // ever accepted to raise it.
+    // even (p = 8, 12, ...). Fixed drafts: 1, 2, 1, 2, ... Adaptive: each draft with nothing
+    // accepted lowers the limit by one from K = 3, never below 1, and nothing is ever accepted
+    // to raise it: step 2 drafts 1 (the block's room; limit 3 → 2), step 4 drafts 2 (3 slots,
+    // the 2-token proposal; limit → 1), steps 8, 16 and 32 draft 1.
     let sizes = |r: &Run| -> Vec<usize> {
         r.plans
             .iter()
@@ -601,13 +602,13 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     };
     let fixed_sizes: Vec<usize> = (1..=19).map(|j| if j % 2 == 1 { 1 } else { 2 }).collect();
     assert_eq!(sizes(&plain), fixed_sizes);
-    assert_eq!(sizes(&on), vec![1; 5]);
-    // The final update's counts: 5 drafts, 5 draft tokens, none accepted (fixed: 19 drafts,
+    assert_eq!(sizes(&on), vec![1, 2, 1, 1, 1]);
+    // The final update's counts: 5 drafts, 6 draft tokens, none accepted (fixed: 19 drafts,
     // 10 x 1 + 9 x 2 = 28 tokens).
     let mut s = scheduler(spec(true));
     add(&mut s, 1, draft("a", &LONE, 40));
     let (f, _) = finals(&mut s, &script, None);
-    assert_eq!(f, vec![((1, 0), Some(counts(5, 5, 0)))]);
+    assert_eq!(f, vec![((1, 0), Some(counts(5, 6, 0)))]);
     let mut s = scheduler(spec(false));
     add(&mut s, 1, draft("a", &LONE, 40));
     let (f, _) = finals(&mut s, &script, None);
@@ -644,8 +645,9 @@ fn after_a_partial_acceptance_drafts_are_shorter_until_one_is_taken_whole() {
     // 3 and 4 are accepted, then 50. Steps 3 to 5 (p = 13, 14, 15: tokens 50, 60, 61) find
     // nothing. Step 6, p = 16 (token 1, a new block: 7 slots): the most recent earlier 1 is
     // the prompt's last, followed by [2, 3, 4, 50, 60]: fixed drafts take all five and accept
-    // 2, 3, 4 (then 70, not 50); adaptive ones, limited to 2 + 1 = 3 by step 2, draft
-    // [2, 3, 4], all accepted, then 70. The same four tokens either way; then 71, 72, 73.
+    // 2, 3, 4 (then 70, not 50); adaptive ones, limited by step 2's partial acceptance to
+    // 5 - 1 = 4 (more than 2 + 1), draft [2, 3, 4, 50] and accept the same three. The same four
+    // tokens either way; then 71, 72, 73.
     let fixed = run_with(false);
     let adaptive = run_with(true);
     let expect = |d6| {
@@ -662,7 +664,7 @@ fn after_a_partial_acceptance_drafts_are_shorter_until_one_is_taken_whole() {
         ]
     };
     assert_eq!(per_step(&fixed), expect(5));
-    assert_eq!(per_step(&adaptive), expect(3));
+    assert_eq!(per_step(&adaptive), expect(4));
     assert_eq!(fixed.output, script[..14].to_vec());
     assert_eq!(adaptive.output, fixed.output);
     assert_eq!(adaptive.per_step, fixed.per_step);
