@@ -11,6 +11,16 @@ pub(crate) struct TaskGrid {
     tiles_per_split: usize,
 }
 
+/// Activation rows up to which a quantized matmul runs as [`TaskGrid::contiguous`]: each
+/// thread streams one contiguous half (third, ...) of the weights, prefetching the next pair of
+/// groups all the way through, instead of four tasks per thread taken from a shared counter,
+/// each of which starts on weights not prefetched. Measured on an Intel Xeon (AVX-512 VNNI,
+/// 2 threads, `examples/perf` `MODEL=`, the default model's whole matmul set, 6 interleaved
+/// pairs; docs/benchmarks.md §4, fourteenth session): 4–11 % less time at m = 1, 2, 4, 8 and
+/// 16 (7–8 % at the AVX2 level), 2 % at m = 6. Larger batches are compute-bound and keep the
+/// finer split, which balances better.
+pub(crate) const CONTIGUOUS_ROWS: usize = 16;
+
 impl TaskGrid {
     /// `max_tiles_per_split`: the most activation-row tiles one task runs over each of its
     /// weight units (`usize::MAX`: no bound). A task reads its rows' activations once per
@@ -41,6 +51,18 @@ impl TaskGrid {
         }
     }
 
+    /// One task per thread, each a contiguous run of the weight units over all `m_tiles`
+    /// tiles: for small batches, whose matmuls stream the weights ([`CONTIGUOUS_ROWS`]).
+    pub(crate) fn contiguous(units: usize, m_tiles: usize, threads: usize) -> TaskGrid {
+        TaskGrid {
+            units,
+            m_tiles,
+            units_per_task: units.div_ceil(threads.max(1)).max(1),
+            m_split: 1,
+            tiles_per_split: m_tiles,
+        }
+    }
+
     pub(crate) fn tasks(&self) -> usize {
         self.units.div_ceil(self.units_per_task) * self.m_split
     }
@@ -67,12 +89,20 @@ mod tests {
         for units in [1, 2, 6, 9, 18, 48, 1536] {
             for m_tiles in [1, 2, 3, 4, 8, 17, 128] {
                 for threads in [1, 2, 3, 8] {
-                    for cap in [1, 3, 16, usize::MAX] {
-                        let g = TaskGrid::new(units, m_tiles, threads, cap);
+                    for cap in [0, 1, 3, 16, usize::MAX] {
+                        // cap 0: the contiguous grid.
+                        let g = if cap == 0 {
+                            TaskGrid::contiguous(units, m_tiles, threads)
+                        } else {
+                            TaskGrid::new(units, m_tiles, threads, cap)
+                        };
                         let mut seen = vec![0u8; units * m_tiles];
                         for t in 0..g.tasks() {
                             let (us, ts) = g.ranges(t);
-                            assert!(ts.len() <= cap, "{units} {m_tiles} {threads} {cap}");
+                            assert!(
+                                cap == 0 || ts.len() <= cap,
+                                "{units} {m_tiles} {threads} {cap}"
+                            );
                             for u in us {
                                 for tile in ts.clone() {
                                     seen[u * m_tiles + tile] += 1;
@@ -106,5 +136,21 @@ mod tests {
         // Few weight units: split over rows for balance as before (6 pairs, 4 tiles).
         let g = TaskGrid::new(6, 4, 2, 16);
         assert_eq!((g.tasks(), g.ranges(0)), (6, (0..1, 0..4)));
+    }
+
+    /// Batches up to 16 rows: one contiguous run of pairs per thread, over every tile.
+    #[test]
+    fn small_batches_stream_one_contiguous_run_per_thread() {
+        let g = TaskGrid::contiguous(48, 4, 2);
+        assert_eq!(g.tasks(), 2);
+        assert_eq!((g.ranges(0), g.ranges(1)), ((0..24, 0..4), (24..48, 0..4)));
+        // 9 pairs: 5 and 4 over 2 threads; 3 tasks of 3 over 4 threads (one thread idle).
+        let g = TaskGrid::contiguous(9, 1, 2);
+        assert_eq!(
+            (g.tasks(), g.ranges(0), g.ranges(1)),
+            (2, (0..5, 0..1), (5..9, 0..1))
+        );
+        let g = TaskGrid::contiguous(9, 1, 4);
+        assert_eq!((g.tasks(), g.ranges(2)), (3, (6..9, 0..1)));
     }
 }

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use super::grid::TaskGrid;
+use super::grid::{TaskGrid, CONTIGUOUS_ROWS};
 use crate::error::KernelError;
 use crate::formats::act::QAct;
 use crate::formats::packed::{PFmt, Packed, GROUP};
@@ -320,7 +320,11 @@ pub(crate) fn matmul_packed(
         return;
     }
     let n_pairs = p.n_groups.div_ceil(2);
-    let grid = TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads(), SPLIT_ROWS / MR);
+    let grid = if m <= CONTIGUOUS_ROWS {
+        TaskGrid::contiguous(n_pairs, m.div_ceil(MR), pool.n_threads())
+    } else {
+        TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads(), SPLIT_ROWS / MR)
+    };
     let yp = SendPtr(y.as_mut_ptr());
     let run = |task: usize| {
         let (pairs, tiles) = grid.ranges(task);
