@@ -24,11 +24,14 @@
 //! every layer and the lm_head, and one more attention pass over the whole context), so with
 //! [`SpecConfig::adaptive`] a request whose drafts are rejected drafts less:
 //! * **shorter drafts**: after a draft of which `a` tokens were accepted and one rejected, the
-//!   request's draft limit drops by one, or to `a + 1` if that is more; each fully accepted
-//!   draft raises it by one again (up to `K`). A copying request's rejections are single
-//!   mismatches (the model changes one constant) after which the copy resumes: cutting the
-//!   limit to `a + 1` at once took 2.60 tokens per step on `cachet bench spec`'s edit
-//!   workload, one step at a time 3.08 (docs/benchmarks.md, "Speculative decoding");
+//!   request's next drafts carry at most `a + 1` tokens while none of its draft tokens has
+//!   ever been accepted; once one has, the limit drops by one instead, or to `a + 1` if that
+//!   is more. Each fully accepted draft raises it by one again (up to `K`). A copying
+//!   request's rejections are single mismatches (the model changes one constant) after which
+//!   the copy resumes: cutting its limit to `a + 1` at once took 2.60 tokens per step on
+//!   `cachet bench spec`'s edit workload, one step at a time 3.08, while a request that has
+//!   never had a draft taken keeps its one-token probes (docs/benchmarks.md, "Speculative
+//!   decoding");
 //! * **fewer drafts**: after `m >= 2` consecutive drafts with nothing accepted it passes over its
 //!   next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]); its first accepted token ends the
 //!   streak.
@@ -153,6 +156,9 @@ impl SpecState {
             let limit = self.draft_limit(k);
             self.limit = if accepted >= drafted {
                 (limit + 1).min(k)
+            } else if self.counts.num_accepted_tokens == 0 {
+                // Nothing of this request's drafts taken yet: not (yet) a copy.
+                accepted + 1
             } else {
                 (accepted + 1).max(limit.saturating_sub(1))
             };
@@ -399,31 +405,29 @@ mod tests {
         let on = SpecConfig::default(); // K = 5
         let mut st = SpecState::default();
         assert_eq!(st.draft_limit(5), 5);
+        // Nothing ever accepted: a rejection cuts the limit to 0 + 1.
         st.record(&on, 3, 0);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 4));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (1, 0, 1));
         st.record(&on, 1, 0);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (2, 1, 3));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (2, 1, 1));
         st.skip = 0; // the one proposal passed over
         st.record(&on, 1, 0);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (3, 3, 2));
+        assert_eq!((st.misses, st.skip), (3, 3));
         // An accepted token ends the streak (the skip was spent before drafting again), and a
         // fully accepted draft raises the limit by one.
         st.skip = 0;
         st.record(&on, 1, 1);
-        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (0, 0, 3));
+        assert_eq!((st.misses, st.skip, st.draft_limit(5)), (0, 0, 2));
         st.record(&on, 2, 2);
-        assert_eq!(st.draft_limit(5), 4);
-        // 1 of 4 accepted: 4 - 1 = 3 (more than 1 + 1). Then 2 of 3: 3 - 1 = 2 is less than
-        // 2 + 1, so 3.
-        st.record(&on, 4, 1);
-        assert_eq!((st.misses, st.draft_limit(5)), (0, 3));
+        assert_eq!(st.draft_limit(5), 3);
+        // Tokens accepted before: 2 of 3 gives max(2 + 1, 3 - 1) = 3.
         st.record(&on, 3, 2);
         assert_eq!((st.misses, st.draft_limit(5)), (0, 3));
         for _ in 0..4 {
             st.record(&on, 3, 3);
         }
         assert_eq!(st.draft_limit(5), 5); // capped at K
-                                          // 1 of 5 accepted: 5 - 1 = 4 (more than 1 + 1); then none of 4: 3.
+                                          // 1 of 5: max(1 + 1, 5 - 1) = 4; then none of 4: max(0 + 1, 4 - 1) = 3.
         st.record(&on, 5, 1);
         assert_eq!((st.misses, st.draft_limit(5)), (0, 4));
         st.record(&on, 4, 0);
@@ -431,9 +435,9 @@ mod tests {
         assert_eq!(
             st.counts,
             SpecDecodeCounts {
-                num_drafts: 13,
-                num_draft_tokens: 3 + 1 + 1 + 1 + 2 + 4 + 3 + 4 * 3 + 5 + 4,
-                num_accepted_tokens: 1 + 2 + 1 + 2 + 4 * 3 + 1
+                num_drafts: 12,
+                num_draft_tokens: 3 + 1 + 1 + 1 + 2 + 3 + 4 * 3 + 5 + 4,
+                num_accepted_tokens: 1 + 2 + 2 + 4 * 3 + 1
             }
         );
         // Off: the streak is counted, nothing is skipped or shortened.

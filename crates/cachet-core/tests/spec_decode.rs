@@ -589,10 +589,9 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     // Draft lengths: the proposal is `[4, 5, 10]` at step 2 and `[previous fresh token, 10]`
     // after (it runs to the end of the context), capped by the room left in p's block of 4:
     // at step 2j, p = 2j + 4, so 1 slot left when j is odd (p = 6, 10, ...) and 3 when it is
-    // even (p = 8, 12, ...). Fixed drafts: 1, 2, 1, 2, ... Adaptive: each draft with nothing
-    // accepted lowers the limit by one from K = 3, never below 1, and nothing is ever accepted
-    // to raise it: step 2 drafts 1 (the block's room; limit 3 → 2), step 4 drafts 2 (3 slots,
-    // the 2-token proposal; limit → 1), steps 8, 16 and 32 draft 1.
+    // even (p = 8, 12, ...). Fixed drafts: 1, 2, 1, 2, ... Adaptive: the step-2 draft's
+    // rejection (0 of 1 accepted, nothing ever accepted) limits the next ones to 0 + 1 = 1
+    // token, and nothing is ever accepted to raise it.
     let sizes = |r: &Run| -> Vec<usize> {
         r.plans
             .iter()
@@ -602,13 +601,13 @@ fn a_request_whose_drafts_keep_failing_drafts_exponentially_less_often() {
     };
     let fixed_sizes: Vec<usize> = (1..=19).map(|j| if j % 2 == 1 { 1 } else { 2 }).collect();
     assert_eq!(sizes(&plain), fixed_sizes);
-    assert_eq!(sizes(&on), vec![1, 2, 1, 1, 1]);
-    // The final update's counts: 5 drafts, 6 draft tokens, none accepted (fixed: 19 drafts,
+    assert_eq!(sizes(&on), vec![1; 5]);
+    // The final update's counts: 5 drafts, 5 draft tokens, none accepted (fixed: 19 drafts,
     // 10 x 1 + 9 x 2 = 28 tokens).
     let mut s = scheduler(spec(true));
     add(&mut s, 1, draft("a", &LONE, 40));
     let (f, _) = finals(&mut s, &script, None);
-    assert_eq!(f, vec![((1, 0), Some(counts(5, 6, 0)))]);
+    assert_eq!(f, vec![((1, 0), Some(counts(5, 5, 0)))]);
     let mut s = scheduler(spec(false));
     add(&mut s, 1, draft("a", &LONE, 40));
     let (f, _) = finals(&mut s, &script, None);
