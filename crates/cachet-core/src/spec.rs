@@ -427,7 +427,8 @@ mod tests {
             st.record(&on, 3, 3);
         }
         assert_eq!(st.draft_limit(5), 5); // capped at K
-                                          // 1 of 5: max(1 + 1, 5 - 1) = 4; then none of 4: max(0 + 1, 4 - 1) = 3.
+
+        // 1 of 5: max(1 + 1, 5 - 1) = 4; then none of 4: max(0 + 1, 4 - 1) = 3.
         st.record(&on, 5, 1);
         assert_eq!((st.misses, st.draft_limit(5)), (0, 4));
         st.record(&on, 4, 0);

@@ -16,8 +16,8 @@ pub(crate) struct TaskGrid {
 /// groups all the way through, instead of four tasks per thread taken from a shared counter,
 /// each of which starts on weights not prefetched. Measured on an Intel Xeon (AVX-512 VNNI,
 /// 2 threads, `examples/perf` `MODEL=`, the default model's whole matmul set, 6 interleaved
-/// pairs; docs/benchmarks.md §4, fourteenth session): 4–11 % less time at m = 1, 2, 4, 8 and
-/// 16 (7–8 % at the AVX2 level), 2 % at m = 6. Larger batches are compute-bound and keep the
+/// pairs; docs/benchmarks.md §4, fourteenth session): 6–11 % less time at m = 1, 2, 4, 8 and
+/// 16 (4–9 % at the AVX2 level), 2 % at m = 6. Larger batches are compute-bound and keep the
 /// finer split, which balances better.
 pub(crate) const CONTIGUOUS_ROWS: usize = 16;
 
@@ -121,7 +121,9 @@ mod tests {
 
     /// The shapes of the default model at 2 threads: a 512-row prefill of the 1536 × 576 up
     /// projection (48 pairs of groups, 128 tiles of 4 rows) runs in 8 chunks of 6 pairs × 8
-    /// splits of 16 tiles (64 rows); batch 16 (4 tiles) and decode are not split over rows.
+    /// splits of 16 tiles (64 rows); batch 16 (4 tiles) and decode are not split over rows
+    /// (the packed driver runs those on [`TaskGrid::contiguous`]; the AMX driver's small
+    /// shapes use this grid).
     #[test]
     fn prefill_is_split_into_row_slices() {
         let g = TaskGrid::new(48, 128, 2, 16);
