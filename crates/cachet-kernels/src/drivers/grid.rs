@@ -14,12 +14,13 @@ pub(crate) struct TaskGrid {
 /// Activation rows up to which a quantized matmul runs as [`TaskGrid::contiguous`]: each
 /// thread streams one contiguous half (third, ...) of the weights, prefetching the next pair of
 /// groups all the way through, instead of four tasks per thread taken from a shared counter,
-/// each of which starts on weights not prefetched. Measured on an Intel Xeon (AVX-512 VNNI,
-/// 2 threads, `examples/perf` `MODEL=`, the default model's whole matmul set, 6 interleaved
-/// pairs; docs/benchmarks.md §4, fourteenth session): 6–11 % less time at m = 1, 2, 4, 8 and
-/// 16 (4–9 % at the AVX2 level), 2 % at m = 6. Larger batches are compute-bound and keep the
-/// finer split, which balances better.
-pub(crate) const CONTIGUOUS_ROWS: usize = 16;
+/// each of which starts on weights not prefetched. Measured on an Intel Xeon (2 threads,
+/// `examples/perf` `MODEL=`, the default model's whole matmul set, 3–6 interleaved pairs per
+/// size; docs/benchmarks.md §4, fourteenth session): 6–11 % less time at m = 1, 2, 4, 8 and 16
+/// on AVX-512 (4–9 % on AVX2), 2 % at m = 6, 6–8 % at m = 24, 32 and 48 (3–8 % on AVX2); at
+/// m = 64 the same on AVX-512 (−6 % on AVX2) and at 128 the same on both, so larger batches
+/// keep the finer split, which balances better and slices long prefills.
+pub(crate) const CONTIGUOUS_ROWS: usize = 48;
 
 impl TaskGrid {
     /// `max_tiles_per_split`: the most activation-row tiles one task runs over each of its
@@ -122,8 +123,8 @@ mod tests {
     /// The shapes of the default model at 2 threads: a 512-row prefill of the 1536 × 576 up
     /// projection (48 pairs of groups, 128 tiles of 4 rows) runs in 8 chunks of 6 pairs × 8
     /// splits of 16 tiles (64 rows); batch 16 (4 tiles) and decode are not split over rows
-    /// (the packed driver runs those on [`TaskGrid::contiguous`]; the AMX driver's small
-    /// shapes use this grid).
+    /// (the packed driver runs batches of up to [`CONTIGUOUS_ROWS`] on
+    /// [`TaskGrid::contiguous`]; the AMX driver's small shapes use this grid).
     #[test]
     fn prefill_is_split_into_row_slices() {
         let g = TaskGrid::new(48, 128, 2, 16);
@@ -140,7 +141,7 @@ mod tests {
         assert_eq!((g.tasks(), g.ranges(0)), (6, (0..1, 0..4)));
     }
 
-    /// Batches up to 16 rows: one contiguous run of pairs per thread, over every tile.
+    /// Batches up to 48 rows: one contiguous run of pairs per thread, over every tile.
     #[test]
     fn small_batches_stream_one_contiguous_run_per_thread() {
         let g = TaskGrid::contiguous(48, 4, 2);
