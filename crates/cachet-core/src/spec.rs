@@ -29,7 +29,7 @@
 //!   is more. Each fully accepted draft raises it by one again (up to `K`). A copying
 //!   request's rejections are single mismatches (the model changes one constant) after which
 //!   the copy resumes: cutting its limit to `a + 1` at once took 2.60 tokens per step on
-//!   `cachet bench spec`'s edit workload, one step at a time 3.08, while a request that has
+//!   `cachet bench spec`'s edit workload, this rule 3.06, while a request that has
 //!   never had a draft taken keeps its one-token probes (docs/benchmarks.md, "Speculative
 //!   decoding");
 //! * **fewer drafts**: after `m >= 2` consecutive drafts with nothing accepted it passes over its

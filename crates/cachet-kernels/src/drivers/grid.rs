@@ -90,19 +90,18 @@ mod tests {
         for units in [1, 2, 6, 9, 18, 48, 1536] {
             for m_tiles in [1, 2, 3, 4, 8, 17, 128] {
                 for threads in [1, 2, 3, 8] {
-                    for cap in [0, 1, 3, 16, usize::MAX] {
-                        // cap 0: the contiguous grid.
-                        let g = if cap == 0 {
-                            TaskGrid::contiguous(units, m_tiles, threads)
-                        } else {
-                            TaskGrid::new(units, m_tiles, threads, cap)
+                    // `None`: the contiguous grid (no bound on a task's tiles).
+                    for cap in [None, Some(1), Some(3), Some(16), Some(usize::MAX)] {
+                        let g = match cap {
+                            None => TaskGrid::contiguous(units, m_tiles, threads),
+                            Some(c) => TaskGrid::new(units, m_tiles, threads, c),
                         };
                         let mut seen = vec![0u8; units * m_tiles];
                         for t in 0..g.tasks() {
                             let (us, ts) = g.ranges(t);
                             assert!(
-                                cap == 0 || ts.len() <= cap,
-                                "{units} {m_tiles} {threads} {cap}"
+                                ts.len() <= cap.unwrap_or(usize::MAX),
+                                "{units} {m_tiles} {threads} {cap:?}"
                             );
                             for u in us {
                                 for tile in ts.clone() {
@@ -112,7 +111,7 @@ mod tests {
                         }
                         assert!(
                             seen.iter().all(|&n| n == 1),
-                            "{units} {m_tiles} {threads} {cap}"
+                            "{units} {m_tiles} {threads} {cap:?}"
                         );
                     }
                 }
