@@ -60,6 +60,11 @@ pub struct SpecArgs {
     /// Write the results as JSON here.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
+    /// Write each workload's prompt and greedy answer (token ids, the first plain run) to
+    /// `DIR/spec-tokens-<i>.json` (`{"name", "prompt", "output"}`): the input of
+    /// `scripts/spec-replay.py`, which replays the proposer and the draft rules on them.
+    #[arg(long, value_name = "DIR")]
+    pub dump_tokens: Option<PathBuf>,
 }
 
 /// One run of one request.
@@ -433,6 +438,12 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
             off.push(x);
             on.push(y);
         }
+        if let (Some(dir), Some(r)) = (&a.dump_tokens, off.first()) {
+            let p = dir.join(format!("spec-tokens-{}.json", workloads.len()));
+            let j = serde_json::json!({ "name": name, "prompt": prompt, "output": r.tokens });
+            std::fs::write(&p, j.to_string())
+                .map_err(|e| BenchError::io(p.display().to_string(), e))?;
+        }
         if let Some(r) = off.first() {
             let text = m.tokenizer.decode(&r.tokens, false).unwrap_or_default();
             let head: String = text.chars().take(400).collect();
@@ -470,7 +481,7 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
     }
     let (mut verify, mut proposer) = (Vec::new(), 0.0);
     if !a.no_cost {
-        let ks = [0, 1, 2, 3, 5];
+        let ks = [0, 1, 2, 3, 4, 5];
         verify = verify_cost(&m, &free_prompt, &ks, a.cost_reps)?;
         verify.extend(verify_cost(&m, &edit_prompt, &ks, a.cost_reps)?);
         proposer = proposer_us(&edit_prompt, &spec);
