@@ -15,7 +15,7 @@ use crate::isa::amx::{Hw, Tiles};
 use crate::isa::{self, Isa};
 #[cfg(target_arch = "x86_64")]
 use crate::micro::amx;
-use crate::micro::{self, TileJob, MR};
+use crate::micro::{self, TileJob};
 use crate::pool::ThreadPool;
 use crate::util::SendPtr;
 
@@ -319,11 +319,27 @@ pub(crate) fn matmul_packed(
         matmul_amx_with::<Hw>(pool, p, rows, a, m, y);
         return;
     }
+    matmul_tiles(isa, pool, p, rows, a, m, y, micro::tile_rows(isa, p.fmt));
+}
+
+/// [`matmul_packed`]'s SIMD path with tiles of `tr` activation rows (at most what the level's
+/// kernel takes: [`micro::MR`], or [`micro::MR_512`] on AVX-512).
+#[allow(clippy::too_many_arguments)]
+fn matmul_tiles(
+    isa: Isa,
+    pool: &ThreadPool,
+    p: &Packed,
+    rows: usize,
+    a: &QAct,
+    m: usize,
+    y: &mut [f32],
+    tr: usize,
+) {
     let n_pairs = p.n_groups.div_ceil(2);
     let grid = if m <= CONTIGUOUS_ROWS {
-        TaskGrid::contiguous(n_pairs, m.div_ceil(MR), pool.n_threads())
+        TaskGrid::contiguous(n_pairs, m.div_ceil(tr), pool.n_threads())
     } else {
-        TaskGrid::new(n_pairs, m.div_ceil(MR), pool.n_threads(), SPLIT_ROWS / MR)
+        TaskGrid::new(n_pairs, m.div_ceil(tr), pool.n_threads(), SPLIT_ROWS / tr)
     };
     let yp = SendPtr(y.as_mut_ptr());
     let run = |task: usize| {
@@ -346,8 +362,8 @@ pub(crate) fn matmul_packed(
             let pf_tiles = tiles.len().min(PF_TILES);
             for tile in tiles.clone() {
                 let k = tile - tiles.start;
-                let i0 = tile * MR;
-                let mr = (m - i0).min(MR);
+                let i0 = tile * tr;
+                let mr = (m - i0).min(tr);
                 let job = TileJob {
                     p,
                     g0,
@@ -431,6 +447,52 @@ mod tests {
     fn rand_vec(seed: u64, n: usize) -> Vec<f32> {
         let mut rng = StdRng::seed_from_u64(seed);
         (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
+    }
+
+    /// 8-row AVX-512 tiles (Intel CPUs) against 4-row ones, whatever this CPU's vendor: every
+    /// output row is the same sequence of operations in either, so the bits must agree, for
+    /// each format, tails of rows and of m (1 to 7 rows in the last tile), and row slices.
+    #[test]
+    fn eight_row_tiles_equal_four_row_tiles() {
+        use crate::formats::packed::PFmt;
+        use crate::micro::tile_rows_for;
+        if isa::detected() < Isa::Avx512 {
+            eprintln!("skipped: no AVX-512 on this CPU");
+            return;
+        }
+        let pool = ThreadPool::new(3);
+        for (ti, ty) in [
+            WeightType::Q4_0,
+            WeightType::Q4_1,
+            WeightType::Q4K,
+            WeightType::Q6K,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cols = if ty.block_len() == 256 { 512 } else { 96 };
+            for rows in [1usize, 17, 50] {
+                let w = rand_vec((ti * 100 + rows) as u64, rows * cols);
+                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+                let p = mat.packed().expect("quantized types are packed");
+                assert_eq!(tile_rows_for(Isa::Avx512, p.fmt, true), 8);
+                for m in [5usize, 8, 13, 16, 23, 150] {
+                    let x = rand_vec((rows * cols + m) as u64, m * cols);
+                    let mut act = QAct::default();
+                    quantize_act(Isa::Avx512, &pool, &x, m, cols, p.fmt.bk(), &mut act);
+                    let run = |tr: usize| {
+                        let mut y = vec![f32::NAN; m * rows + 3];
+                        matmul_tiles(Isa::Avx512, &pool, p, rows, &act, m, &mut y, tr);
+                        y.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(run(8), run(4), "{ty:?} {rows}x{cols} m={m}");
+                }
+            }
+        }
+        // Q8_0, the other vendors and the AVX2 levels keep 4 rows.
+        assert_eq!(tile_rows_for(Isa::Avx512, PFmt::Q8_0, true), 4);
+        assert_eq!(tile_rows_for(Isa::Amx, PFmt::Q4_1, false), 4);
+        assert_eq!(tile_rows_for(Isa::Avx2Vnni, PFmt::Q4_1, true), 4);
     }
 
     /// The tile kernel (on the model, and on the hardware where present) against the AVX-512

@@ -108,6 +108,22 @@ impl std::fmt::Display for AmxStatus {
     }
 }
 
+/// Whether the CPU is Intel's (CPUID vendor "GenuineIntel"): tile shapes measured faster on
+/// one vendor's cores are chosen by it (`micro::tile_rows`).
+pub(crate) fn intel() -> bool {
+    static S: OnceLock<bool> = OnceLock::new();
+    *S.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let r = std::arch::x86_64::__cpuid_count(0, 0);
+            // "Genu" "ineI" "ntel" in EBX, EDX, ECX.
+            [r.ebx, r.edx, r.ecx] == [0x756e_6547, 0x4965_6e69, 0x6c65_746e]
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
 /// AMX availability on this CPU and OS (cached; detection runs the self-test once).
 pub fn amx_status() -> AmxStatus {
     static S: OnceLock<AmxStatus> = OnceLock::new();

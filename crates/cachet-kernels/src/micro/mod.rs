@@ -36,9 +36,9 @@ use std::any::TypeId;
 use crate::formats::act::QAct;
 #[cfg(target_arch = "x86_64")]
 use crate::formats::kv::{KvElem, PagedAttnArgs};
-use crate::formats::packed::Packed;
+use crate::formats::packed::{PFmt, Packed};
 #[cfg(target_arch = "x86_64")]
-use crate::formats::packed::{PFmt, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0};
+use crate::formats::packed::{FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0};
 use crate::isa::Isa;
 use crate::util::SendPtr;
 #[cfg(target_arch = "x86_64")]
@@ -50,8 +50,37 @@ use avx512::tile_512;
 #[cfg(target_arch = "x86_64")]
 use avx512_attn::attn_512;
 
-/// Activation-row tile (rows of `x` per micro-kernel call).
+/// Activation rows per tile of the AVX2 and scalar kernels (16 `ymm` registers hold 4 rows'
+/// accumulators), and of the AVX-512 kernel on Q8_0 and on CPUs other than Intel's.
 pub(crate) const MR: usize = 4;
+
+/// Activation rows per tile of the AVX-512 kernel on the 4- and 6-bit formats on Intel CPUs:
+/// each unpacked weight vector then serves 8 rows instead of 4 (8 rows × 2 groups are 16 int32
+/// and 16 f32 accumulators, which with the operands exceed the 32 `zmm` registers a little).
+/// Measured on an Intel Xeon (AMX, AVX-512 VNNI, 2 threads, `CACHET_ISA=avx512`,
+/// interleaved against 4-row tiles; docs/benchmarks.md §4, fifteenth session): the default
+/// model's matmul set 8–20 % faster at m = 5 to 32 (`MODEL=… examples/perf`, 4 rounds), Q4_0,
+/// Q4_1, Q4_K and Q6_K matrices 2–10 % faster at m = 16 and 512 on one thread, but the Q8_0
+/// lm_head 35–40 % slower at m = 16 (so Q8_0 keeps 4 rows); `cachet bench kernel` decode
+/// batch 8 +2 to +14 % and batch 16 +2 to +5 % (5 of 5 pairs each), prefill +5 % (3 of 4).
+/// On an AMD EPYC (Zen 5) an 8-row × 2-group tile measured 35–60 % slower at m = 16 on
+/// 2026-12-01 (docs/benchmarks-kernels.md, "Tiles at batch 16"), so other CPUs keep 4 rows
+/// until measured.
+pub(crate) const MR_512: usize = 8;
+
+/// Activation rows per tile for format `fmt` on `isa` (on this CPU).
+pub(crate) fn tile_rows(isa: Isa, fmt: PFmt) -> usize {
+    tile_rows_for(isa, fmt, crate::isa::intel())
+}
+
+/// [`tile_rows`] on an Intel CPU (`intel`) or not.
+pub(crate) fn tile_rows_for(isa: Isa, fmt: PFmt, intel: bool) -> usize {
+    if intel && isa >= Isa::Avx512 && fmt != PFmt::Q8_0 {
+        MR_512
+    } else {
+        MR
+    }
+}
 
 /// Positions processed per softmax chunk.
 pub(crate) const CHUNK: usize = 32;
@@ -131,6 +160,28 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
             }
         };
     }
+    // The AVX-512 kernel's tiles of up to `MR_512` rows.
+    macro_rules! go512 {
+        ($F:ty) => {
+            if job.mr <= MR {
+                go!(tile_512, $F)
+            } else {
+                // SAFETY: as in `go!`.
+                unsafe {
+                    match (job.mr, job.ng) {
+                        (5, 1) => tile_512::<$F, 5, 1>(job),
+                        (5, _) => tile_512::<$F, 5, 2>(job),
+                        (6, 1) => tile_512::<$F, 6, 1>(job),
+                        (6, _) => tile_512::<$F, 6, 2>(job),
+                        (7, 1) => tile_512::<$F, 7, 1>(job),
+                        (7, _) => tile_512::<$F, 7, 2>(job),
+                        (_, 1) => tile_512::<$F, 8, 1>(job),
+                        (_, _) => tile_512::<$F, 8, 2>(job),
+                    }
+                }
+            }
+        };
+    }
     macro_rules! by_fmt {
         ($kern:ident) => {
             match job.p.fmt {
@@ -142,9 +193,17 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
             }
         };
     }
-    debug_assert!(job.mr >= 1 && job.mr <= MR && job.ng >= 1 && job.ng <= 2);
+    let most = tile_rows_for(isa, job.p.fmt, true);
+    debug_assert!(job.mr >= 1 && job.mr <= most && job.ng >= 1 && job.ng <= 2);
     if isa >= Isa::Avx512 {
-        by_fmt!(tile_512)
+        match job.p.fmt {
+            PFmt::Q4_0 => go512!(FQ4_0),
+            PFmt::Q4_1 => go512!(FQ4_1),
+            // 4-row tiles only (`tile_rows`): no 8-row instances.
+            PFmt::Q8_0 => go!(tile_512, FQ8_0),
+            PFmt::Q4K => go512!(FQ4K),
+            PFmt::Q6K => go512!(FQ6K),
+        }
     } else if isa == Isa::Avx2Vnni {
         by_fmt!(tile_avx2_vnni)
     } else {
