@@ -57,15 +57,15 @@ pub(crate) const MR: usize = 4;
 /// Activation rows per tile of the AVX-512 kernel on the 4- and 6-bit formats on Intel CPUs:
 /// each unpacked weight vector then serves 8 rows instead of 4 (8 rows × 2 groups are 16 int32
 /// and 16 f32 accumulators, which with the operands exceed the 32 `zmm` registers a little).
-/// Measured on an Intel Xeon (AMX, AVX-512 VNNI, 2 threads, `CACHET_ISA=avx512`,
-/// interleaved against 4-row tiles; docs/benchmarks.md §4, fifteenth session): the default
-/// model's matmul set 8–20 % faster at m = 5 to 32 (`MODEL=… examples/perf`, 4 rounds), Q4_0,
-/// Q4_1, Q4_K and Q6_K matrices 2–10 % faster at m = 16 and 512 on one thread, but the Q8_0
-/// lm_head 35–40 % slower at m = 16 (so Q8_0 keeps 4 rows); `cachet bench kernel` decode
-/// batch 8 +2 to +14 % and batch 16 +2 to +5 % (5 of 5 pairs each), prefill +5 % (3 of 4).
-/// On an AMD EPYC (Zen 5) an 8-row × 2-group tile measured 35–60 % slower at m = 16 on
-/// 2026-12-01 (docs/benchmarks-kernels.md, "Tiles at batch 16"), so other CPUs keep 4 rows
-/// until measured.
+/// Measured on an Intel Xeon (AMX, AVX-512 VNNI, 2 threads, `CACHET_ISA=avx512`, interleaved
+/// against 4-row tiles; docs/benchmarks.md §4, fifteenth session): the default model's matmul
+/// set 8–20 % faster at m = 5 to 32 (`MODEL=… examples/perf`, 4 rounds, one of them
+/// disturbed), Q4_0, Q4_1, Q4_K and Q6_K matrices 2–10 % faster at m = 16 and 512 on one
+/// thread, but the Q8_0 lm_head 35–40 % slower at m = 16 (so Q8_0 keeps 4 rows); `cachet bench
+/// kernel` decode batch 8 +2 to +14 % and batch 16 +2 to +5 % (5 of 5 pairs each), prefill
+/// +5 % (3 of 4). On an AMD EPYC (Zen 5) an 8-row × 2-group tile measured 35–60 % slower at
+/// m = 16 on 2026-12-01 (docs/benchmarks-kernels.md, "Tiles at batch 16"), so other CPUs keep
+/// 4 rows until measured.
 pub(crate) const MR_512: usize = 8;
 
 /// Activation rows per tile for format `fmt` on `isa` (on this CPU).
