@@ -34,8 +34,12 @@ pub(crate) const TM: usize = 16;
 /// Smallest number of activation rows that takes the AMX path; fewer rows use the VNNI
 /// micro-kernel, which needs no tile store per block. Measured on an Intel Xeon with AMX
 /// (`cachet bench kernel`, 2 interleaved pairs): with 8 here, decode at batch 8 ran 600-638
-/// tok/s against 753-817 with 32, batch 16 852-862 against 907-972; batch 32 the same.
-pub(crate) const MIN_M: usize = 32;
+/// tok/s against 753-817 with 32, batch 16 852-862 against 907-972; batch 32 the same. Since
+/// the VNNI kernel's 8-row tiles (`super::MR_512`), 64: the default model's matmul set at 32
+/// rows 12.5-12.7 ms on them against 15.2-15.4 on tiles, equal at 64 and 512, AMX ahead at
+/// 128 (40.7-45.1 against 44.0-45.2 ms; `MODEL=… examples/perf`, 3 rounds); decode at batch
+/// 32 +1.0 to +4.9 % (3 interleaved pairs), batch 48 the same.
+pub(crate) const MIN_M: usize = 64;
 
 /// One task: weight groups `g0..g1` × activation rows `i0..i1` of `y[m][rows]`.
 pub(crate) struct Job<'a> {
