@@ -467,8 +467,9 @@ fn simd_levels_are_bit_identical() {
 
 /// A long prefill is cut into row slices per task (`SPLIT_ROWS`, 64 rows); each activation
 /// row's output must not depend on which slice, tile or task computed it: 201 rows at once
-/// (51 tiles of 4 rows in four slices of at most 13 tiles; at the AVX-512 level the 4-bit
-/// formats take 26 tiles of 8 rows, in four slices of at most 7; the last tile a single row) equal
+/// (51 tiles of 4 rows in four slices of at most 13 tiles; at the AVX-512 level of an Intel CPU
+/// the 4- and 6-bit formats take 26 tiles of 8 rows, in four slices of at most 7; the last tile a
+/// single row) equal
 /// the same rows one at a time, bit for bit, on every level and with 1 and 3 threads.
 #[test]
 fn long_prefill_rows_match_one_row_at_a_time() {

@@ -121,8 +121,8 @@ mod tests {
 
     /// The shapes of the default model at 2 threads: a 512-row prefill of the 1536 × 576 up
     /// projection (48 pairs of groups, 128 tiles of 4 rows at the AVX2 level) runs in 8 chunks
-    /// of 6 pairs × 8 splits of 16 tiles (64 rows; at the AVX-512 level 64 tiles of 8 rows in
-    /// splits of 8); batch 16 (4 tiles) and decode are not split over rows
+    /// of 6 pairs × 8 splits of 16 tiles (64 rows; at the AVX-512 level of an Intel CPU 64 tiles
+    /// of 8 rows in splits of 8); batch 16 (4 tiles) and decode are not split over rows
     /// (the packed driver runs batches of up to [`CONTIGUOUS_ROWS`] on
     /// [`TaskGrid::contiguous`]; the AMX driver's small shapes use this grid).
     #[test]

@@ -451,7 +451,8 @@ mod tests {
 
     /// 8-row AVX-512 tiles (Intel CPUs) against 4-row ones, whatever this CPU's vendor: every
     /// output row is the same sequence of operations in either, so the bits must agree, for
-    /// each format, tails of rows and of m (1 to 7 rows in the last tile), and row slices.
+    /// each format, tails of rows and of m (5, 6 or 7 rows in the last tile), and row slices
+    /// (150 rows).
     #[test]
     fn eight_row_tiles_equal_four_row_tiles() {
         use crate::formats::packed::PFmt;
