@@ -375,9 +375,9 @@ unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &At
 
 /// [`attn_512_rows`] for a tile of `nq` query tokens (f16 K/V beyond [`DIRECT_ROWS`] rows, or
 /// f32): per chunk the K/V rows are converted to f32 once (`SCR`; an f32 arena is read in
-/// place), then rows are advanced two at a time by [`group_chunk`], sharing each K and V
-/// vector load, wherever two consecutive rows of the same group have the same causal end in
-/// the chunk (every chunk before the tile's diagonal). The per-row arithmetic is
+/// place), then rows are advanced three or two at a time by [`group_chunk`] ([`tile_chunk`]),
+/// sharing each K and V vector load, wherever consecutive rows of the same group have the same
+/// causal end in the chunk (every chunk before the tile's diagonal). The per-row arithmetic is
 /// [`group_chunk`]'s, so a row gets the same bits here as in decode or in any other tile.
 /// Measured against [`attn_512_rows`] (`examples/perf`, one thread, interleaved, 3 runs each):
 /// 16 tokens after 1,984 cached 41–43 → 35–36 ms over 30 layers, 512 tokens 177–196 →
@@ -404,7 +404,6 @@ unsafe fn attn_512_tile<const HV: usize, const SCR: bool>(c: &AttnCtx) {
     let vbuf = &mut rest[..buf_rows * pv];
     let mut krow = [std::ptr::null::<u8>(); CHUNK];
     let mut vrow = [std::ptr::null::<u8>(); CHUNK];
-    let none = [usize::MAX; CHUNK];
     // Row r is token r / per_tok, head r % per_tok (of the pass's groups): its q, its group's
     // byte offset in a position's (f32) K/V row, its causal end.
     let mut row_q = [std::ptr::null::<f32>(); 64];
@@ -426,46 +425,84 @@ unsafe fn attn_512_tile<const HV: usize, const SCR: bool>(c: &AttnCtx) {
             vrow: &mut vrow,
         };
         chunk_rows::<SCR>(c, c0, n, pv, kbuf, vbuf, chunk);
-        let row_nr = |r: usize| row_end[r].saturating_sub(c0).min(n);
-        let mut r = 0;
-        while r < rows {
-            let nr = row_nr(r);
-            // Two rows of the same group and causal end share each K/V load (every row of
-            // a chunk before the tile's diagonal); otherwise one row.
-            // Rows per K/V load: 2 and 3 measured the same (`examples/perf`
-            // PREFILL_ATTN=16@1984 and 512, one thread), 4 slower at 512 tokens (spills).
-            const B: usize = 2;
-            if r + B <= rows
-                && (1..B).all(|i| row_nr(r + i) == nr && row_go[r + i] == row_go[r])
-                && nr > 0
-            {
-                let g = GroupRows {
-                    q: std::array::from_fn(|i| row_q[r + i]),
-                    go: row_go[r],
-                    mx: &mut mx[r..r + B],
-                    lsum: &mut lsum[r..r + B],
-                    acc: &mut acc[r * HV..(r + B) * HV],
-                };
-                group_chunk::<HV, false, B, false>(c, &krow, &vrow, &none, nr, g);
-                r += B;
-            } else {
-                if nr > 0 {
-                    let g = GroupRows {
-                        q: [row_q[r]],
-                        go: row_go[r],
-                        mx: &mut mx[r..r + 1],
-                        lsum: &mut lsum[r..r + 1],
-                        acc: &mut acc[r * HV..(r + 1) * HV],
-                    };
-                    group_chunk::<HV, false, 1, false>(c, &krow, &vrow, &none, nr, g);
-                }
-                r += 1;
-            }
+        let mut row_nr = [0usize; 64];
+        for (nr, &end) in row_nr.iter_mut().zip(&row_end[..rows]) {
+            *nr = end.saturating_sub(c0).min(n);
+        }
+        let t = TileRows {
+            rows,
+            q: &row_q,
+            go: &row_go,
+            nr: &row_nr,
+        };
+        let st = (&mut mx[..], &mut lsum[..], &mut acc[..]);
+        // Rows per K/V load: the heads of a token where they are a multiple of 3 (they share
+        // the token's causal end, so every chunk takes them together), else 2. Measured
+        // (`examples/perf`, interleaved, 3 rounds): 3 against 2 with the default model's 3
+        // heads per group, a decode token and 5 drafts after 1,044 positions 211-214 ->
+        // 195-200 µs a layer (one thread), 16 tokens after 1,984 31.8-32.5 -> 28.9-30.1 ms
+        // over 30 layers, 512 tokens 136-144 -> 125-127 ms; 4 slower than 2 (spills).
+        if c.gs.is_multiple_of(3) {
+            tile_chunk::<HV, 3>(c, &krow, &vrow, &t, st);
+        } else {
+            tile_chunk::<HV, 2>(c, &krow, &vrow, &t, st);
         }
         c0 += n;
     }
     store_parts::<HV>(c, rows, &mx, &lsum, acc);
     ATTN_SCRATCH.set(scratch);
+}
+
+/// A tile's rows as [`attn_512_tile`] lays them out: how many, each row's query, its group's
+/// byte offset in a position's (f32) K/V row, and its positions in the current chunk.
+struct TileRows<'a> {
+    rows: usize,
+    q: &'a [*const f32; 64],
+    go: &'a [usize; 64],
+    nr: &'a [usize; 64],
+}
+
+/// One chunk of a tile: rows advanced `B` at a time by [`group_chunk`] (sharing each K and V
+/// vector load) where `B` consecutive rows have the same group and causal end in the chunk,
+/// else one at a time.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[inline]
+unsafe fn tile_chunk<const HV: usize, const B: usize>(
+    c: &AttnCtx,
+    krow: &[*const u8; CHUNK],
+    vrow: &[*const u8; CHUNK],
+    t: &TileRows,
+    (mx, lsum, acc): (&mut [f32], &mut [f32], &mut [__m512]),
+) {
+    let none = [usize::MAX; CHUNK];
+    let mut r = 0;
+    while r < t.rows {
+        let nr = t.nr[r];
+        if r + B <= t.rows && nr > 0 && (1..B).all(|i| t.nr[r + i] == nr && t.go[r + i] == t.go[r])
+        {
+            let g = GroupRows {
+                q: std::array::from_fn(|i| t.q[r + i]),
+                go: t.go[r],
+                mx: &mut mx[r..r + B],
+                lsum: &mut lsum[r..r + B],
+                acc: &mut acc[r * HV..(r + B) * HV],
+            };
+            group_chunk::<HV, false, B, false>(c, krow, vrow, &none, nr, g);
+            r += B;
+        } else {
+            if nr > 0 {
+                let g = GroupRows {
+                    q: [t.q[r]],
+                    go: t.go[r],
+                    mx: &mut mx[r..r + 1],
+                    lsum: &mut lsum[r..r + 1],
+                    acc: &mut acc[r * HV..(r + 1) * HV],
+                };
+                group_chunk::<HV, false, 1, false>(c, krow, vrow, &none, nr, g);
+            }
+            r += 1;
+        }
+    }
 }
 
 /// The `R` rows (query token × head, all of one kv group) that [`group_chunk`] advances: each
