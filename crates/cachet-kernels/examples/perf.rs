@@ -1,6 +1,8 @@
 //! Quick timing of single matmul shapes: `cargo run --release -p cachet-kernels --example perf`.
 //! `MODEL=1,16,512`: the default model's matmul set; `ATTN=512,1000`: decode attention of one
-//! layer; `PREFILL_ATTN=512` (or `16@1984`: 16 tokens after 1,984 cached positions); `ATTN_BATCH=16x144`: batched decode attention over 30 layers.
+//! layer; `PREFILL_ATTN=512` (or `16@1984`: 16 tokens after 1,984 cached positions); `ATTN_BATCH=16x144`: batched decode attention over 30 layers;
+//! `DRAFT_ATTN=5@1044`: a decode token and 5 drafts after 1,044 positions, a call per token
+//! against one call (`ONLY_ONE=1`: the one call only, for a profiler).
 use std::time::Instant;
 
 use cachet_kernels::{QMatrix, ThreadPool, WeightType};
@@ -187,6 +189,72 @@ fn attention_prefill(n: usize, start: usize) {
     );
 }
 
+/// A decode token and `k` drafts after `ctx` positions (one layer, f16 KV, the default
+/// model's heads, a pool of `T` threads, 2 unless told): each token in a call of its own
+/// against all in one call, interleaved; wall time per layer.
+fn attention_drafts(k: usize, ctx: usize) {
+    use cachet_kernels::attention::{paged_attention_parallel, PagedAttnArgs};
+    let threads: usize = std::env::var("T")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
+    let n = k + 1;
+    let nblk = (ctx + n).div_ceil(bs);
+    let table: Vec<u32> = (0..nblk as u32).collect();
+    let len = nblk * bs * nkv * hd;
+    let kh: Vec<f16> = (0..len)
+        .map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
+        .collect();
+    let vh: Vec<f16> = (0..len)
+        .map(|i| f16::from_f32(((i * 104729) % 1000) as f32 / 500.0 - 1.0))
+        .collect();
+    let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
+    let mut out = vec![0f32; n * nh * hd];
+    let qd = nh * hd;
+    let args = |start: usize, n_tokens: usize| PagedAttnArgs {
+        block_table: &table,
+        block_size: bs,
+        n_heads: nh,
+        n_kv_heads: nkv,
+        head_dim: hd,
+        start_pos: start,
+        n_tokens,
+        scale: 0.125,
+    };
+    let iters = 300;
+    let (mut split, mut one) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        let only_one = std::env::var_os("ONLY_ONE").is_some();
+        let t0 = Instant::now();
+        for _ in 0..if only_one { 0 } else { iters } {
+            for t in 0..n {
+                paged_attention_parallel(
+                    &pool,
+                    &args(ctx + t, 1),
+                    &q[t * qd..(t + 1) * qd],
+                    &kh,
+                    &vh,
+                    &mut out[t * qd..(t + 1) * qd],
+                );
+            }
+        }
+        split.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
+        let t0 = Instant::now();
+        for _ in 0..iters {
+            paged_attention_parallel(&pool, &args(ctx, n), &q, &kh, &vh, &mut out);
+        }
+        one.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
+    }
+    split.sort_by(f64::total_cmp);
+    one.sort_by(f64::total_cmp);
+    println!(
+        "{n} tokens after {ctx} (one layer, f16 KV, {threads} threads): a call each {:.1} µs ({:.1}-{:.1}), one call {:.1} µs ({:.1}-{:.1})",
+        split[3], split[0], split[6], one[3], one[0], one[6]
+    );
+}
+
 /// Batched decode attention as the executor runs it: `seqs` sequences at a `ctx`-position
 /// context, 30 layers with their own f16 KV (53 MB at 16 × 144, more than the L3 cache), one
 /// thread; process CPU time per step.
@@ -262,6 +330,12 @@ fn main() {
     if let Ok(v) = std::env::var("ATTN_BATCH") {
         let mut it = v.split('x').filter_map(|x| x.parse().ok());
         attention_batch(it.next().unwrap_or(16), it.next().unwrap_or(144));
+        return;
+    }
+    if let Ok(v) = std::env::var("DRAFT_ATTN") {
+        // `DRAFT_ATTN=K@CTX`: a decode token and K drafts after CTX positions, 2 threads.
+        let (k, ctx) = v.split_once('@').unwrap_or((&v, "1044"));
+        attention_drafts(k.parse().unwrap_or(5), ctx.parse().unwrap_or(1044));
         return;
     }
     if let Ok(n) = std::env::var("PREFILL_ATTN") {

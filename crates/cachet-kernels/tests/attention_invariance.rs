@@ -146,6 +146,8 @@ fn a_token_alone_equals_its_row_in_a_tile() {
                 (250, 6),
                 (1038, 6),
                 (300, 2),
+                (126, 3),
+                (1500, 3),
             ] {
                 tile_equals_alone::<f32>(&pool, shape, start, n);
                 tile_equals_alone::<f16>(&pool, shape, start, n);

@@ -161,6 +161,13 @@ fn attend_all_groups<T: KvElem>(
     false
 }
 
+/// Up to this many tokens over several segments, each token runs the decode kernel (every kv
+/// group in one pass over f16 K/V read in place); more share one tile pass per group (K/V
+/// converted to f32 once per chunk for all rows). Measured (`examples/perf` DRAFT_ATTN, two
+/// threads, default model shape, 1,044 positions, one layer): 2 tokens 45 µs as decode tokens
+/// against 52 as a tile, 3 tokens 66-70 against 68-73, 4 tokens 85-87 against 82-87.
+const FEW_TOKENS: usize = 3;
+
 /// Query tokens processed together per K/V pass (rows = tokens × group size <= 64).
 fn tile_tokens(gs: usize) -> usize {
     (64 / gs.max(1)).clamp(1, 8)
@@ -193,6 +200,15 @@ pub fn paged_attention_parallel<T: KvElem>(
     }
     // Tiles of query tokens (fewer when that would leave threads idle).
     let mut qt = tile_tokens(gs);
+    if a.n_tokens <= qt && nseg > 1 {
+        // Few tokens over a long context (a decode token with its drafts): the context's
+        // segments spread over the threads as a decode token's are, every token in each item
+        // (so each segment's K/V is read once for all of them).
+        if a.n_tokens <= FEW_TOKENS && tokens_segments(pool, isa, a, q, k, v, nseg, out) {
+            return;
+        }
+        return tile_segments(pool, isa, a, q, k, v, nseg, out);
+    }
     while qt > 1 && a.n_tokens.div_ceil(qt) * a.n_kv_heads < 2 * nt {
         qt /= 2;
     }
@@ -257,21 +273,115 @@ fn decode_segments<T: KvElem>(
     });
 }
 
+/// The `n_tokens` query tokens as one tile over `nseg` segments, one item per (segment, kv
+/// group) spread over the pool, merged per group as [`paged_attention`] merges a tile's
+/// segments (the same calls on the same ranges, so the same bits as each token alone).
+#[allow(clippy::too_many_arguments)]
+fn tile_segments<T: KvElem>(
+    pool: &ThreadPool,
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    nseg: usize,
+    out: &mut [f32],
+) {
+    let nkv = a.n_kv_heads;
+    let nq = a.n_tokens;
+    // One group's rows of one segment: [token][head of the group][m, l, acc].
+    let glen = nq * (a.n_heads / nkv) * (a.head_dim + 2);
+    let end = a.start_pos + nq;
+    // Parts laid out [kv group][segment][rows], then one merged group.
+    with_parts(glen * (nkv * nseg + 1), |buf| {
+        let (parts, merged) = buf.split_at_mut(glen * nkv * nseg);
+        let pp = SendPtr(parts.as_mut_ptr());
+        pool.parallel_for(nseg * nkv, &|item| {
+            let (g, s) = (item / nseg, item % nseg);
+            // SAFETY: each (group, segment) owns the disjoint slice `item * glen..` of `glen`.
+            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * glen), glen) };
+            attend_part(isa, a, q, k, v, (0, nq), g, segment(s, end), part);
+        });
+        for (g, group) in parts.chunks_exact(glen * nseg).enumerate() {
+            merge(group, nseg, a.head_dim, merged);
+            finalize(a, merged, (0, nq), g, out);
+        }
+    });
+}
+
+/// Each of the `n_tokens` query tokens as a decode token (all kv groups in one pass), one item
+/// per segment for all of them, merged per token: each token gets what its own decode step
+/// computes (the same kernel on the same segments; a segment past a token's causal end is
+/// empty, which the merge skips). False (nothing written) if the kernel does not take the
+/// shape.
+#[allow(clippy::too_many_arguments)]
+fn tokens_segments<T: KvElem>(
+    pool: &ThreadPool,
+    isa: Isa,
+    a: &PagedAttnArgs,
+    q: &[f32],
+    k: &[T],
+    v: &[T],
+    nseg: usize,
+    out: &mut [f32],
+) -> bool {
+    let nkv = a.n_kv_heads;
+    let nq = a.n_tokens;
+    let stride = (a.n_heads / nkv) * (a.head_dim + 2);
+    // One token's rows: [group][head][m, l, acc].
+    let tlen = nkv * stride;
+    let slen = nq * tlen;
+    with_parts(slen * nseg + tlen, |buf| {
+        let (parts, merged) = buf.split_at_mut(slen * nseg);
+        let pp = SendPtr(parts.as_mut_ptr());
+        let all_done = std::sync::atomic::AtomicBool::new(true);
+        pool.parallel_for(nseg, &|s| {
+            // SAFETY: each segment owns the disjoint slice `s * slen..` of `slen`.
+            let seg = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * slen), slen) };
+            for (t, part) in seg.chunks_exact_mut(tlen).enumerate() {
+                let (p0, p1) = segment(s, a.start_pos + t + 1);
+                if p0 >= p1 {
+                    for row in part.chunks_exact_mut(a.head_dim + 2) {
+                        row.fill(0.0);
+                        row[0] = f32::NEG_INFINITY;
+                    }
+                } else if !attend_all_groups(isa, a, q, k, v, t, (p0, p1), part) {
+                    all_done.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+            }
+        });
+        if !all_done.into_inner() {
+            return false;
+        }
+        for t in 0..nq {
+            merge_strided(&parts[t * tlen..], nseg, slen, a.head_dim, merged);
+            for gi in 0..nkv {
+                finalize(a, &merged[gi * stride..], (t, 1), gi, out);
+            }
+        }
+        true
+    })
+}
+
 /// Merge per-segment partial results (`parts`: `nseg` runs of `dst.len()` floats, each row
 /// `[m, l, acc[hd]]`) with the log-sum-exp rule, in segment order, into `dst`.
 fn merge(parts: &[f32], nseg: usize, hd: usize, dst: &mut [f32]) {
-    let len = dst.len();
+    merge_strided(parts, nseg, dst.len(), hd, dst);
+}
+
+/// [`merge`] with segment `s`'s partial results at `parts[s * stride..]`.
+fn merge_strided(parts: &[f32], nseg: usize, stride: usize, hd: usize, dst: &mut [f32]) {
     let w = hd + 2;
-    for r in 0..len / w {
+    for r in 0..dst.len() / w {
         let mut m = f32::NEG_INFINITY;
         for s in 0..nseg {
-            m = m.max(parts[s * len + r * w]);
+            m = m.max(parts[s * stride + r * w]);
         }
         let d = &mut dst[r * w..(r + 1) * w];
         d[2..].fill(0.0);
         let mut l = 0f32;
         for s in 0..nseg {
-            let p = &parts[s * len + r * w..][..w];
+            let p = &parts[s * stride + r * w..][..w];
             if p[0] == f32::NEG_INFINITY {
                 continue; // empty segment (the row's causal end is before it)
             }

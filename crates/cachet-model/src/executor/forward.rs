@@ -296,37 +296,30 @@ pub(super) fn forward_impl<T: KvStore>(
         }
         s.prof.mark(3);
         if batch.seqs.len() == 1 {
-            // One sequence (e.g. batch-1 decode): spread (token, kv head) items over the pool.
-            // A chunk with drafts attends one token at a time, so each call splits its context
-            // over the threads as the decode step it stands for would. The bits are the same
-            // either way (fixed context segments; kernels' `attention_invariance.rs`), but one
-            // call for all rows splits by rows and is slower at batch 1: a step with one
-            // rejected draft at 1,044 positions cost 1.40x a plain step that way, 1.19x this
-            // way (two runs of `cachet bench spec`, 2026-12-01, each against its own plain step).
+            // One sequence (e.g. batch-1 decode): one call, which spreads the context's
+            // segments (a decode token, or one with its drafts) or the (token tile, kv group)
+            // items (a longer chunk) over the pool. A chunk with drafts gets the bits of
+            // decoding its tokens one by one (fixed context segments; kernels'
+            // `attention_invariance.rs`).
             let seq = &batch.seqs[0];
-            let drafts = seq.sample.as_ref().is_some_and(|sp| !sp.drafts.is_empty());
-            let per_call = if drafts { 1 } else { t_n };
-            for a in (0..t_n).step_by(per_call.max(1)) {
-                let n = per_call.min(t_n - a);
-                let args = PagedAttnArgs {
-                    block_table: seq.block_table,
-                    block_size,
-                    n_heads: nh,
-                    n_kv_heads: nkv,
-                    head_dim: hd,
-                    start_pos: seq.start_pos + a,
-                    n_tokens: n,
-                    scale,
-                };
-                paged_attention_parallel::<T>(
-                    pool,
-                    &args,
-                    &s.q[a * qd..(a + n) * qd],
-                    &kv.k,
-                    &kv.v,
-                    &mut s.att[a * qd..(a + n) * qd],
-                );
-            }
+            let args = PagedAttnArgs {
+                block_table: seq.block_table,
+                block_size,
+                n_heads: nh,
+                n_kv_heads: nkv,
+                head_dim: hd,
+                start_pos: seq.start_pos,
+                n_tokens: t_n,
+                scale,
+            };
+            paged_attention_parallel::<T>(
+                pool,
+                &args,
+                &s.q[..t_n * qd],
+                &kv.k,
+                &kv.v,
+                &mut s.att[..t_n * qd],
+            );
         } else {
             let att = SendPtr(s.att.as_mut_ptr());
             let tasks = &s.tasks;
