@@ -161,6 +161,11 @@ fn attend_all_groups<T: KvElem>(
     false
 }
 
+/// Most floats of partial results the few-token paths hold at once (4 MiB): the default
+/// model's drafts at 32,768 positions take 0.9 M; a model with 64 heads of 128 takes its kv
+/// groups in rounds there.
+const MAX_PARTS: usize = 1 << 20;
+
 /// Up to this many tokens over several segments, each token runs the decode kernel (every kv
 /// group in one pass over f16 K/V read in place); more share one tile pass per group (K/V
 /// converted to f32 once per chunk for all rows). Measured (`examples/perf` DRAFT_ATTN, two
@@ -207,7 +212,7 @@ pub fn paged_attention_parallel<T: KvElem>(
         if a.n_tokens <= FEW_TOKENS && tokens_segments(pool, isa, a, q, k, v, nseg, out) {
             return;
         }
-        return tile_segments(pool, isa, a, q, k, v, nseg, out);
+        return tile_segments(pool, isa, a, q, k, v, nseg, MAX_PARTS, out);
     }
     while qt > 1 && a.n_tokens.div_ceil(qt) * a.n_kv_heads < 2 * nt {
         qt /= 2;
@@ -275,7 +280,8 @@ fn decode_segments<T: KvElem>(
 
 /// The `n_tokens` query tokens as one tile over `nseg` segments, one item per (segment, kv
 /// group) spread over the pool, merged per group as [`paged_attention`] merges a tile's
-/// segments (the same calls on the same ranges, so the same bits as each token alone).
+/// segments (the same calls on the same ranges, so the same bits as each token alone). The
+/// groups go in rounds whose partial results fit `max_parts` floats (all in one where they do).
 #[allow(clippy::too_many_arguments)]
 fn tile_segments<T: KvElem>(
     pool: &ThreadPool,
@@ -285,6 +291,7 @@ fn tile_segments<T: KvElem>(
     k: &[T],
     v: &[T],
     nseg: usize,
+    max_parts: usize,
     out: &mut [f32],
 ) {
     let nkv = a.n_kv_heads;
@@ -292,19 +299,26 @@ fn tile_segments<T: KvElem>(
     // One group's rows of one segment: [token][head of the group][m, l, acc].
     let glen = nq * (a.n_heads / nkv) * (a.head_dim + 2);
     let end = a.start_pos + nq;
-    // Parts laid out [kv group][segment][rows], then one merged group.
-    with_parts(glen * (nkv * nseg + 1), |buf| {
-        let (parts, merged) = buf.split_at_mut(glen * nkv * nseg);
+    // Groups per round: all of them unless their parts would pass `max_parts`.
+    let per_round = (max_parts / (glen * nseg)).clamp(1, nkv);
+    // Parts laid out [kv group of the round][segment][rows], then one merged group.
+    with_parts(glen * (per_round * nseg + 1), |buf| {
+        let (parts, merged) = buf.split_at_mut(glen * per_round * nseg);
         let pp = SendPtr(parts.as_mut_ptr());
-        pool.parallel_for(nseg * nkv, &|item| {
-            let (g, s) = (item / nseg, item % nseg);
-            // SAFETY: each (group, segment) owns the disjoint slice `item * glen..` of `glen`.
-            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * glen), glen) };
-            attend_part(isa, a, q, k, v, (0, nq), g, segment(s, end), part);
-        });
-        for (g, group) in parts.chunks_exact(glen * nseg).enumerate() {
-            merge(group, nseg, a.head_dim, merged);
-            finalize(a, merged, (0, nq), g, out);
+        for g0 in (0..nkv).step_by(per_round) {
+            let ng = per_round.min(nkv - g0);
+            pool.parallel_for(nseg * ng, &|item| {
+                let (g, s) = (item / nseg, item % nseg);
+                // SAFETY: each (group, segment) owns the disjoint slice `item * glen..` of
+                // `glen`.
+                let part =
+                    unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * glen), glen) };
+                attend_part(isa, a, q, k, v, (0, nq), g0 + g, segment(s, end), part);
+            });
+            for (g, group) in parts.chunks_exact(glen * nseg).take(ng).enumerate() {
+                merge(group, nseg, a.head_dim, merged);
+                finalize(a, merged, (0, nq), g0 + g, out);
+            }
         }
     });
 }
@@ -331,6 +345,9 @@ fn tokens_segments<T: KvElem>(
     // One token's rows: [group][head][m, l, acc].
     let tlen = nkv * stride;
     let slen = nq * tlen;
+    if slen * nseg > MAX_PARTS {
+        return false;
+    }
     with_parts(slen * nseg + tlen, |buf| {
         let (parts, merged) = buf.split_at_mut(slen * nseg);
         let pp = SendPtr(parts.as_mut_ptr());
@@ -591,6 +608,64 @@ pub fn attention_reference<T: KvElem>(
                 }
                 *o = (acc / z) as f32;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::f16;
+
+    /// The few-token tile path gives [`paged_attention`]'s bits whether its kv groups go in one
+    /// round or one at a time (the memory bound `MAX_PARTS` makes rounds only for large models
+    /// at long contexts, too slow for a test; here the bound is lowered).
+    #[test]
+    fn tile_segments_in_rounds_equal_the_sequential_tile() {
+        let pool = ThreadPool::new(2);
+        let (nh, nkv, hd, bs, start, n) = (9usize, 3usize, 64usize, 16usize, 700usize, 5usize);
+        let ctx = start + n;
+        let nblk = ctx.div_ceil(bs);
+        let table: Vec<u32> = (0..nblk as u32).rev().collect();
+        let len = nblk * bs * nkv * hd;
+        let kv = |m: usize| -> Vec<f16> {
+            (0..len)
+                .map(|i| f16::from_f32(((i * m) % 1013) as f32 / 506.0 - 1.0))
+                .collect()
+        };
+        let (k, v) = (kv(7919), kv(104_729));
+        let q: Vec<f32> = (0..n * nh * hd)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let a = PagedAttnArgs {
+            block_table: &table,
+            block_size: bs,
+            n_heads: nh,
+            n_kv_heads: nkv,
+            head_dim: hd,
+            start_pos: start,
+            n_tokens: n,
+            scale: 0.125,
+        };
+        let mut want = vec![0f32; n * nh * hd];
+        paged_attention(&a, &q, &k, &v, &mut want);
+        let nseg = ctx.div_ceil(SEGMENT);
+        let glen = n * (nh / nkv) * (hd + 2);
+        for max_parts in [usize::MAX, glen * nseg * 2, 1] {
+            let mut got = vec![0f32; n * nh * hd];
+            tile_segments(
+                &pool,
+                isa::active(),
+                &a,
+                &q,
+                &k,
+                &v,
+                nseg,
+                max_parts,
+                &mut got,
+            );
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "max_parts {max_parts}");
         }
     }
 }
