@@ -150,19 +150,25 @@ fn attention(depth: usize) {
     );
 }
 
+/// One layer's block table (identity) and f16 K and V arenas for `positions` positions of
+/// `row` values each, in blocks of `bs`.
+fn layer_kv(positions: usize, bs: usize, row: usize) -> (Vec<u32>, Vec<f16>, Vec<f16>) {
+    let nblk = positions.div_ceil(bs);
+    let table: Vec<u32> = (0..nblk as u32).collect();
+    let len = nblk * bs * row;
+    let arena = |m: usize| -> Vec<f16> {
+        (0..len)
+            .map(|i| f16::from_f32(((i * m) % 1000) as f32 / 500.0 - 1.0))
+            .collect()
+    };
+    (table, arena(7919), arena(104729))
+}
+
 /// Prefill attention of one layer: `n` tokens from position `start`, f16 KV.
 fn attention_prefill(n: usize, start: usize) {
     use cachet_kernels::attention::{paged_attention, PagedAttnArgs};
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
-    let nblk = (start + n).div_ceil(bs);
-    let table: Vec<u32> = (0..nblk as u32).collect();
-    let len = nblk * bs * nkv * hd;
-    let kh: Vec<f16> = (0..len)
-        .map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
-        .collect();
-    let vh: Vec<f16> = (0..len)
-        .map(|i| f16::from_f32(((i * 104729) % 1000) as f32 / 500.0 - 1.0))
-        .collect();
+    let (table, kh, vh) = layer_kv(start + n, bs, nkv * hd);
     let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
     let mut out = vec![0f32; n * nh * hd];
     let args = PagedAttnArgs {
@@ -201,15 +207,7 @@ fn attention_drafts(k: usize, ctx: usize) {
     let pool = ThreadPool::new(threads);
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
     let n = k + 1;
-    let nblk = (ctx + n).div_ceil(bs);
-    let table: Vec<u32> = (0..nblk as u32).collect();
-    let len = nblk * bs * nkv * hd;
-    let kh: Vec<f16> = (0..len)
-        .map(|i| f16::from_f32(((i * 7919) % 1000) as f32 / 500.0 - 1.0))
-        .collect();
-    let vh: Vec<f16> = (0..len)
-        .map(|i| f16::from_f32(((i * 104729) % 1000) as f32 / 500.0 - 1.0))
-        .collect();
+    let (table, kh, vh) = layer_kv(ctx + n, bs, nkv * hd);
     let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
     let mut out = vec![0f32; n * nh * hd];
     let qd = nh * hd;
