@@ -222,34 +222,44 @@ fn attention_drafts(k: usize, ctx: usize) {
         scale: 0.125,
     };
     let iters = 300;
+    let only_one = std::env::var_os("ONLY_ONE").is_some();
     let (mut split, mut one) = (Vec::new(), Vec::new());
     for _ in 0..7 {
-        let only_one = std::env::var_os("ONLY_ONE").is_some();
-        let t0 = Instant::now();
-        for _ in 0..if only_one { 0 } else { iters } {
-            for t in 0..n {
-                paged_attention_parallel(
-                    &pool,
-                    &args(ctx + t, 1),
-                    &q[t * qd..(t + 1) * qd],
-                    &kh,
-                    &vh,
-                    &mut out[t * qd..(t + 1) * qd],
-                );
+        if !only_one {
+            let t0 = Instant::now();
+            for _ in 0..iters {
+                for t in 0..n {
+                    paged_attention_parallel(
+                        &pool,
+                        &args(ctx + t, 1),
+                        &q[t * qd..(t + 1) * qd],
+                        &kh,
+                        &vh,
+                        &mut out[t * qd..(t + 1) * qd],
+                    );
+                }
             }
+            split.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
         }
-        split.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
         let t0 = Instant::now();
         for _ in 0..iters {
             paged_attention_parallel(&pool, &args(ctx, n), &q, &kh, &vh, &mut out);
         }
         one.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
     }
-    split.sort_by(f64::total_cmp);
-    one.sort_by(f64::total_cmp);
+    // Median and range of the 7 rounds.
+    let summary = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        format!("{:.1} µs ({:.1}-{:.1})", v[3], v[0], v[6])
+    };
+    let each = if only_one {
+        String::new()
+    } else {
+        format!("a call each {}, ", summary(&mut split))
+    };
     println!(
-        "{n} tokens after {ctx} (one layer, f16 KV, {threads} threads): a call each {:.1} µs ({:.1}-{:.1}), one call {:.1} µs ({:.1}-{:.1})",
-        split[3], split[0], split[6], one[3], one[0], one[6]
+        "{n} tokens after {ctx} (one layer, f16 KV, {threads} threads): {each}one call {}",
+        summary(&mut one)
     );
 }
 

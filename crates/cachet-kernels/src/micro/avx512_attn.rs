@@ -404,6 +404,7 @@ unsafe fn attn_512_tile<const HV: usize, const SCR: bool>(c: &AttnCtx) {
     let vbuf = &mut rest[..buf_rows * pv];
     let mut krow = [std::ptr::null::<u8>(); CHUNK];
     let mut vrow = [std::ptr::null::<u8>(); CHUNK];
+    let none = [usize::MAX; CHUNK];
     // Row r is token r / per_tok, head r % per_tok (of the pass's groups): its q, its group's
     // byte offset in a position's (f32) K/V row, its causal end.
     let mut row_q = [std::ptr::null::<f32>(); 64];
@@ -434,6 +435,7 @@ unsafe fn attn_512_tile<const HV: usize, const SCR: bool>(c: &AttnCtx) {
             q: &row_q,
             go: &row_go,
             nr: &row_nr,
+            none: &none,
         };
         let st = (&mut mx[..], &mut lsum[..], &mut acc[..]);
         // Rows per K/V load: the heads of a token where they are a multiple of 3 (they share
@@ -460,6 +462,8 @@ struct TileRows<'a> {
     q: &'a [*const f32; 64],
     go: &'a [usize; 64],
     nr: &'a [usize; 64],
+    /// No next chunk to prefetch (`group_chunk`'s `next`, all `usize::MAX`).
+    none: &'a [usize; CHUNK],
 }
 
 /// One chunk of a tile: rows advanced `B` at a time by [`group_chunk`] (sharing each K and V
@@ -474,7 +478,6 @@ unsafe fn tile_chunk<const HV: usize, const B: usize>(
     t: &TileRows,
     (mx, lsum, acc): (&mut [f32], &mut [f32], &mut [__m512]),
 ) {
-    let none = [usize::MAX; CHUNK];
     let mut r = 0;
     while r < t.rows {
         let nr = t.nr[r];
@@ -487,7 +490,7 @@ unsafe fn tile_chunk<const HV: usize, const B: usize>(
                 lsum: &mut lsum[r..r + B],
                 acc: &mut acc[r * HV..(r + B) * HV],
             };
-            group_chunk::<HV, false, B, false>(c, krow, vrow, &none, nr, g);
+            group_chunk::<HV, false, B, false>(c, krow, vrow, t.none, nr, g);
             r += B;
         } else {
             if nr > 0 {
@@ -498,7 +501,7 @@ unsafe fn tile_chunk<const HV: usize, const B: usize>(
                     lsum: &mut lsum[r..r + 1],
                     acc: &mut acc[r * HV..(r + 1) * HV],
                 };
-                group_chunk::<HV, false, 1, false>(c, krow, vrow, &none, nr, g);
+                group_chunk::<HV, false, 1, false>(c, krow, vrow, t.none, nr, g);
             }
             r += 1;
         }
