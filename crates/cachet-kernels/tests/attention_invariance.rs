@@ -124,8 +124,10 @@ fn tile_equals_alone<T: KvElem>(
 #[test]
 fn a_token_alone_equals_its_row_in_a_tile() {
     let pool = ThreadPool::new(2);
-    // (heads, kv heads, head dim, block size): 3, 2, 4 and 1 heads per kv group take the
-    // grouped decode rows, 6 the per-row path; odd block sizes cross chunk boundaries anywhere.
+    // (heads, kv heads, head dim, block size): a decode token with 3, 2, 4 or 1 heads per kv
+    // group reads K/V in place, and with 6, 8 or 5 it takes the tile's path; on AVX2 a tile
+    // advances a token's heads of a group 3 (of 3 or 6), 2, 4 (of 4 or 8) or 1 (of 1 or 5)
+    // at a time. Odd block sizes cross chunk boundaries anywhere.
     let shapes = [
         (9, 3, 64, 16),
         (16, 8, 64, 16),
@@ -133,6 +135,8 @@ fn a_token_alone_equals_its_row_in_a_tile() {
         (4, 4, 32, 8),
         (6, 1, 48, 5),
         (12, 2, 16, 7),
+        (16, 2, 64, 16),
+        (10, 2, 32, 11),
     ];
     for_each_isa(|_| {
         for &shape in &shapes {
