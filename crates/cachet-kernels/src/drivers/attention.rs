@@ -162,8 +162,8 @@ fn attend_all_groups<T: KvElem>(
 }
 
 /// Most floats of partial results the few-token paths hold at once (4 MiB): the default
-/// model's drafts at 32,768 positions take 0.9 M; a model with 64 heads of 128 takes its kv
-/// groups in rounds there.
+/// model's decode token and 5 drafts at 32,768 positions take 0.9 M; a model with 64 heads of
+/// 128 takes its kv groups in rounds there (a decode token beyond 16,384 positions too).
 const MAX_PARTS: usize = 1 << 20;
 
 /// Up to this many tokens over several segments, each token runs the decode kernel (every kv
@@ -178,10 +178,11 @@ fn tile_tokens(gs: usize) -> usize {
     (64 / gs.max(1)).clamp(1, 8)
 }
 
-/// Like [`paged_attention`] (the same bits), parallel over `pool`: a decode token over a
-/// context of several segments is spread over the threads by segment (flash-decoding), each
-/// item attending with all kv groups in one pass; otherwise the work items are (token tile,
-/// kv group) pairs.
+/// Like [`paged_attention`] (the same bits), parallel over `pool`: a decode token (or up to a
+/// tile of tokens) over a context of several segments is spread over the threads by segment
+/// (flash-decoding), each item attending with all kv groups in one pass ([`tokens_segments`];
+/// per kv group where that kernel does not take the shape, [`tile_segments`]); otherwise the
+/// work items are (token tile, kv group) pairs.
 pub fn paged_attention_parallel<T: KvElem>(
     pool: &ThreadPool,
     args: &PagedAttnArgs,
@@ -200,15 +201,12 @@ pub fn paged_attention_parallel<T: KvElem>(
     let gs = a.n_heads / a.n_kv_heads;
     let end = a.start_pos + a.n_tokens;
     let nseg = end.div_ceil(SEGMENT).max(1);
-    if a.n_tokens == 1 && nseg > 1 {
-        return decode_segments(pool, isa, a, q, k, v, nseg, out);
-    }
     // Tiles of query tokens (fewer when that would leave threads idle).
     let mut qt = tile_tokens(gs);
     if a.n_tokens <= qt && nseg > 1 {
-        // Few tokens over a long context (a decode token with its drafts): the context's
-        // segments spread over the threads as a decode token's are, every token in each item
-        // (so each segment's K/V is read once for all of them).
+        // A decode token, or a few tokens over a long context (a decode token with its
+        // drafts): the context's segments spread over the threads (flash-decoding), every
+        // token in each item (so each segment's K/V is read once for all of them).
         if a.n_tokens <= FEW_TOKENS && tokens_segments(pool, isa, a, q, k, v, nseg, out) {
             return;
         }
@@ -228,53 +226,6 @@ pub fn paged_attention_parallel<T: KvElem>(
         // which are disjoint across items; `out` outlives the parallel_for.
         let out = unsafe { std::slice::from_raw_parts_mut(op.get(), out_len) };
         attend_tile(isa, a, q, k, v, (t, nq), g, out);
-    });
-}
-
-/// One decode token over `nseg` segments, the segments spread over the pool (all kv groups
-/// per item on SIMD levels, else one item per (segment, group)), merged as
-/// [`paged_attention`] merges them.
-#[allow(clippy::too_many_arguments)]
-fn decode_segments<T: KvElem>(
-    pool: &ThreadPool,
-    isa: Isa,
-    a: &PagedAttnArgs,
-    q: &[f32],
-    k: &[T],
-    v: &[T],
-    nseg: usize,
-    out: &mut [f32],
-) {
-    let nkv = a.n_kv_heads;
-    let stride = (a.n_heads / nkv) * (a.head_dim + 2);
-    let len = nkv * stride;
-    let end = a.start_pos + 1;
-    // Parts laid out [segment][kv group][rows of the group], then the merged result (a
-    // per-thread buffer of the calling thread; the items write through a pointer).
-    with_parts(len * (nseg + 1), |buf| {
-        let (parts, merged) = buf.split_at_mut(len * nseg);
-        let pp = SendPtr(parts.as_mut_ptr());
-        let all_done = std::sync::atomic::AtomicBool::new(true);
-        pool.parallel_for(nseg, &|s| {
-            // SAFETY: each segment owns the disjoint slice `s * len..(s + 1) * len`.
-            let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * len), len) };
-            if !attend_all_groups(isa, a, q, k, v, 0, segment(s, end), part) {
-                all_done.store(false, std::sync::atomic::Ordering::Relaxed);
-            }
-        });
-        if !all_done.into_inner() {
-            pool.parallel_for(nseg * nkv, &|item| {
-                let (s, g) = (item / nkv, item % nkv);
-                let at = s * len + g * stride;
-                // SAFETY: each (segment, group) owns the disjoint slice `at..at + stride`.
-                let part = unsafe { std::slice::from_raw_parts_mut(pp.get().add(at), stride) };
-                attend_part(isa, a, q, k, v, (0, 1), g, segment(s, end), part);
-            });
-        }
-        merge(parts, nseg, a.head_dim, merged);
-        for g in 0..nkv {
-            finalize(a, &merged[g * stride..], (0, 1), g, out);
-        }
     });
 }
 
@@ -327,7 +278,7 @@ fn tile_segments<T: KvElem>(
 /// per segment for all of them, merged per token: each token gets what its own decode step
 /// computes (the same kernel on the same segments; a segment past a token's causal end is
 /// empty, which the merge skips). False (nothing written) if the kernel does not take the
-/// shape.
+/// shape (scalar level, a single kv group) or its partial results would pass [`MAX_PARTS`].
 #[allow(clippy::too_many_arguments)]
 fn tokens_segments<T: KvElem>(
     pool: &ThreadPool,

@@ -13,16 +13,6 @@ use std::arch::x86_64::*;
 use super::avx2::exp256;
 use super::{AttnCtx, CHUNK};
 
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-unsafe fn ld256(p: *const u8, is_f16: bool) -> __m256 {
-    if is_f16 {
-        _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
-    } else {
-        _mm256_loadu_ps(p as *const f32)
-    }
-}
-
 /// Horizontal sums of 8 vectors (lane `j` the sum of vector `j`), in two steps: first, per
 /// 128-bit lane, the partial sums of four vectors `v[0..4]` (four positions' scores as they
 /// are computed), then [`reduce8_combine`] of two such results.
@@ -160,8 +150,8 @@ unsafe fn attn_avx2_tile<const HV: usize, const R: usize>(c: &AttnCtx) {
                         let off = kp[j] + gg * hd * 2;
                         let (kr, vr) = (c.kb.add(off), c.vb.add(off));
                         for i in 0..HV {
-                            kbuf[j * HV + i] = ld256(kr.add(16 * i), true);
-                            vbuf[j * HV + i] = ld256(vr.add(16 * i), true);
+                            kbuf[j * HV + i] = ldv::<true>(kr.add(16 * i));
+                            vbuf[j * HV + i] = ldv::<true>(vr.add(16 * i));
                         }
                     }
                     krow[j] = kbuf.as_ptr().add(jj * HV) as *const u8;
