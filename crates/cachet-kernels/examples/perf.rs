@@ -2,7 +2,9 @@
 //! `MODEL=1,16,512`: the default model's matmul set; `ATTN=512,1000`: decode attention of one
 //! layer; `PREFILL_ATTN=512` (or `16@1984`: 16 tokens after 1,984 cached positions); `ATTN_BATCH=16x144`: batched decode attention over 30 layers;
 //! `DRAFT_ATTN=5@1044`: a decode token and 5 drafts after 1,044 positions, a call per token
-//! against one call (`ONLY_ONE=1`: the one call only, for a profiler).
+//! against one call (`ONLY_ONE=1`: the one call only, for a profiler; `LAYERS=120`: that many
+//! layers' KV used in turn, 140 MB at 1,500 positions, so each call reads its KV from DRAM as
+//! a served step does).
 use std::time::Instant;
 
 use cachet_kernels::{QMatrix, ThreadPool, WeightType};
@@ -207,7 +209,14 @@ fn attention_drafts(k: usize, ctx: usize) {
     let pool = ThreadPool::new(threads);
     let (nh, nkv, hd, bs) = (9usize, 3usize, 64usize, 16usize);
     let n = k + 1;
-    let (table, kh, vh) = layer_kv(ctx + n, bs, nkv * hd);
+    // `LAYERS=N`: N layers' KV, used in turn (30: each call finds its KV out of L2, in L3;
+    // 120: 140 MB at 1,500 positions, more than the L3 cache, so in DRAM).
+    let nl: usize = std::env::var("LAYERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    let kvs: Vec<_> = (0..nl).map(|_| layer_kv(ctx + n, bs, nkv * hd)).collect();
+    let table = kvs[0].0.clone();
     let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
     let mut out = vec![0f32; n * nh * hd];
     let qd = nh * hd;
@@ -227,14 +236,15 @@ fn attention_drafts(k: usize, ctx: usize) {
     for _ in 0..7 {
         if !only_one {
             let t0 = Instant::now();
-            for _ in 0..iters {
+            for it in 0..iters {
+                let (_, kh, vh) = &kvs[it % nl];
                 for t in 0..n {
                     paged_attention_parallel(
                         &pool,
                         &args(ctx + t, 1),
                         &q[t * qd..(t + 1) * qd],
-                        &kh,
-                        &vh,
+                        kh,
+                        vh,
                         &mut out[t * qd..(t + 1) * qd],
                     );
                 }
@@ -242,8 +252,9 @@ fn attention_drafts(k: usize, ctx: usize) {
             split.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
         }
         let t0 = Instant::now();
-        for _ in 0..iters {
-            paged_attention_parallel(&pool, &args(ctx, n), &q, &kh, &vh, &mut out);
+        for it in 0..iters {
+            let (_, kh, vh) = &kvs[it % nl];
+            paged_attention_parallel(&pool, &args(ctx, n), &q, kh, vh, &mut out);
         }
         one.push(t0.elapsed().as_secs_f64() * 1e6 / iters as f64);
     }
@@ -258,7 +269,7 @@ fn attention_drafts(k: usize, ctx: usize) {
         format!("a call each {}, ", summary(&mut split))
     };
     println!(
-        "{n} tokens after {ctx} (one layer, f16 KV, {threads} threads): {each}one call {}",
+        "{n} tokens after {ctx} (one layer of {nl} in turn, f16 KV, {threads} threads): {each}one call {}",
         summary(&mut one)
     );
 }

@@ -165,7 +165,14 @@ fn a_token_alone_equals_its_row_in_a_tile() {
 /// sequence of a batch runs it) gets the same bits.
 #[test]
 fn a_decode_token_is_the_same_alone_and_batched_at_long_contexts() {
-    let pool = ThreadPool::new(2);
+    // Two threads take 4 runs of segments, three take 6 (each run one segment at 700
+    // positions, two at 1,500).
+    for threads in [2, 3] {
+        decode_token_alone_and_batched(&ThreadPool::new(threads));
+    }
+}
+
+fn decode_token_alone_and_batched(pool: &ThreadPool) {
     for_each_isa(|_| {
         for &(nh, nkv, hd, bs) in &[(9, 3, 64, 16), (8, 1, 64, 16), (16, 8, 64, 16)] {
             for &ctx in &[255usize, 256, 700, 1500] {
@@ -173,12 +180,13 @@ fn a_decode_token_is_the_same_alone_and_batched_at_long_contexts() {
                 let mut seq = vec![0f32; nh * hd];
                 let mut par = vec![0f32; nh * hd];
                 paged_attention(&c.args(ctx - 1, 1), &c.q, &c.k, &c.v, &mut seq);
-                paged_attention_parallel(&pool, &c.args(ctx - 1, 1), &c.q, &c.k, &c.v, &mut par);
+                paged_attention_parallel(pool, &c.args(ctx - 1, 1), &c.q, &c.k, &c.v, &mut par);
                 assert_eq!(
                     bits(&seq),
                     bits(&par),
-                    "{:?} h={nh}/{nkv} ctx={ctx}",
-                    isa::active()
+                    "{:?} h={nh}/{nkv} ctx={ctx} threads {}",
+                    isa::active(),
+                    pool.n_threads()
                 );
             }
         }

@@ -46,6 +46,19 @@ fn segment(s: usize, end: usize) -> (usize, usize) {
     ((s * SEGMENT).min(end), ((s + 1) * SEGMENT).min(end))
 }
 
+/// Pool items per thread where a context's segments are spread over the pool. An item is a
+/// run of consecutive segments, computed in order: the kernel's next-chunk prefetch carries
+/// from each segment into the next, so only a run's first chunk would start on cold DRAM
+/// reads, and the driver prefetches that one as the item starts. Two runs a thread keep the
+/// load balanced when a thread is held up. The split changes no bits (the same segments,
+/// merged in the same order).
+const RUNS_PER_THREAD: usize = 2;
+
+/// The segments of run `r` of `runs` over `nseg` segments (`runs <= nseg`: none is empty).
+fn run_segments(r: usize, runs: usize, nseg: usize) -> std::ops::Range<usize> {
+    r * nseg / runs..(r + 1) * nseg / runs
+}
+
 /// `q: [n_tokens][n_heads][head_dim]`; query token `i` sits at position `start_pos + i` and
 /// attends to positions `0..=start_pos + i`. Writes `out: [n_tokens][n_heads][head_dim]`.
 ///
@@ -93,7 +106,7 @@ fn attend_tile<T: KvElem>(
     with_parts(len * nseg + extra, |buf| {
         let (parts, merged) = buf.split_at_mut(len * nseg);
         for (s, part) in parts.chunks_exact_mut(len).enumerate() {
-            attend_part(isa, a, q, k, v, (t, nq), g, segment(s, end), part);
+            attend_part(isa, a, q, k, v, (t, nq), g, segment(s, end), end, part);
         }
         if nseg == 1 {
             finalize(a, parts, (t, nq), g, out);
@@ -124,7 +137,7 @@ fn attend_token_all_groups<T: KvElem>(
     with_parts(len * nseg + extra, |buf| {
         let (parts, merged) = buf.split_at_mut(len * nseg);
         for (s, part) in parts.chunks_exact_mut(len).enumerate() {
-            if !attend_all_groups(isa, a, q, k, v, t, segment(s, end), part) {
+            if !attend_all_groups(isa, a, q, k, v, t, segment(s, end), end, part) {
                 return false;
             }
         }
@@ -141,7 +154,8 @@ fn attend_token_all_groups<T: KvElem>(
     })
 }
 
-/// Token `t` against every kv group in one pass (SIMD only); false if not handled.
+/// Token `t` against every kv group in one pass (SIMD only), prefetching ahead up to `pf_end`
+/// (see [`micro::attend_groups`]); false if not handled.
 #[allow(clippy::too_many_arguments)]
 fn attend_all_groups<T: KvElem>(
     isa: Isa,
@@ -151,13 +165,15 @@ fn attend_all_groups<T: KvElem>(
     v: &[T],
     t: usize,
     range: (usize, usize),
+    pf_end: usize,
     part: &mut [f32],
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if a.n_kv_heads > 1 && isa >= Isa::Avx2 {
-        return micro::attend_groups(isa, a, q, k, v, (t, 1), (0, a.n_kv_heads), range, part);
+        let groups = (0, a.n_kv_heads);
+        return micro::attend_groups(isa, a, q, k, v, (t, 1), groups, range, pf_end, part);
     }
-    let _ = (isa, a, q, k, v, t, range, part);
+    let _ = (isa, a, q, k, v, t, range, pf_end, part);
     false
 }
 
@@ -258,13 +274,17 @@ fn tile_segments<T: KvElem>(
         let pp = SendPtr(parts.as_mut_ptr());
         for g0 in (0..nkv).step_by(per_round) {
             let ng = per_round.min(nkv - g0);
+            // Items: (group, segment) pairs. Runs of segments (as `tokens_segments` takes)
+            // gave this compute-bound tile nothing in `examples/perf` and cost it 0-5 % in
+            // served steps (coarser balance): each item prefetches within its segment only.
             pool.parallel_for(nseg * ng, &|item| {
                 let (g, s) = (item / nseg, item % nseg);
                 // SAFETY: each (group, segment) owns the disjoint slice `item * glen..` of
                 // `glen`.
                 let part =
                     unsafe { std::slice::from_raw_parts_mut(pp.get().add(item * glen), glen) };
-                attend_part(isa, a, q, k, v, (0, nq), g0 + g, segment(s, end), part);
+                let range = segment(s, end);
+                attend_part(isa, a, q, k, v, (0, nq), g0 + g, range, range.1, part);
             });
             for (g, group) in parts.chunks_exact(glen * nseg).take(ng).enumerate() {
                 merge(group, nseg, a.head_dim, merged);
@@ -275,10 +295,11 @@ fn tile_segments<T: KvElem>(
 }
 
 /// Each of the `n_tokens` query tokens as a decode token (all kv groups in one pass), one item
-/// per segment for all of them, merged per token: each token gets what its own decode step
-/// computes (the same kernel on the same segments; a segment past a token's causal end is
-/// empty, which the merge skips). False (nothing written) if the kernel does not take the
-/// shape (scalar level, a single kv group) or its partial results would pass [`MAX_PARTS`].
+/// per run of consecutive segments ([`RUNS_PER_THREAD`]) for all of them, merged per token:
+/// each token gets what its own decode step computes (the same kernel on the same segments; a
+/// segment past a token's causal end is empty, which the merge skips). False (nothing
+/// written) if the kernel does not take the shape (scalar level, a single kv group) or its
+/// partial results would pass [`MAX_PARTS`].
 #[allow(clippy::too_many_arguments)]
 fn tokens_segments<T: KvElem>(
     pool: &ThreadPool,
@@ -303,18 +324,27 @@ fn tokens_segments<T: KvElem>(
         let (parts, merged) = buf.split_at_mut(slen * nseg);
         let pp = SendPtr(parts.as_mut_ptr());
         let all_done = std::sync::atomic::AtomicBool::new(true);
-        pool.parallel_for(nseg, &|s| {
-            // SAFETY: each segment owns the disjoint slice `s * slen..` of `slen`.
-            let seg = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * slen), slen) };
-            for (t, part) in seg.chunks_exact_mut(tlen).enumerate() {
-                let (p0, p1) = segment(s, a.start_pos + t + 1);
-                if p0 >= p1 {
-                    for row in part.chunks_exact_mut(a.head_dim + 2) {
-                        row.fill(0.0);
-                        row[0] = f32::NEG_INFINITY;
+        let end = a.start_pos + nq;
+        // Items: runs of consecutive segments, enough for every thread.
+        let runs = nseg.min(RUNS_PER_THREAD * pool.n_threads());
+        pool.parallel_for(runs, &|r| {
+            let segs = run_segments(r, runs, nseg);
+            let run_end = segment(segs.end - 1, end).1;
+            prefetch_rows(a, k, v, segment(segs.start, end).0, micro::CHUNK);
+            for s in segs {
+                // SAFETY: each segment owns the disjoint slice `s * slen..` of `slen`, and
+                // each is in exactly one run.
+                let seg = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * slen), slen) };
+                for (t, part) in seg.chunks_exact_mut(tlen).enumerate() {
+                    let (p0, p1) = segment(s, a.start_pos + t + 1);
+                    if p0 >= p1 {
+                        for row in part.chunks_exact_mut(a.head_dim + 2) {
+                            row.fill(0.0);
+                            row[0] = f32::NEG_INFINITY;
+                        }
+                    } else if !attend_all_groups(isa, a, q, k, v, t, (p0, p1), run_end, part) {
+                        all_done.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
-                } else if !attend_all_groups(isa, a, q, k, v, t, (p0, p1), part) {
-                    all_done.store(false, std::sync::atomic::Ordering::Relaxed);
                 }
             }
         });
@@ -456,8 +486,9 @@ pub fn try_paged_attention<T: KvElem>(
     Ok(())
 }
 
-/// Partial attention of all query heads in kv group `g` for query token `t` over positions
-/// `p0..p1`: writes `[m, l, acc[head_dim]]` per head into `part`.
+/// Partial attention of all query heads in kv group `g` for query tokens `t0..t0 + nq` over
+/// positions `p0..p1` (the SIMD kernels prefetching ahead up to `pf_end`): writes
+/// `[m, l, acc[head_dim]]` per (token, head) into `part`.
 #[allow(clippy::too_many_arguments)]
 fn attend_part<T: KvElem>(
     isa: Isa,
@@ -468,10 +499,13 @@ fn attend_part<T: KvElem>(
     (t0, nq): (usize, usize),
     g: usize,
     range: (usize, usize),
+    pf_end: usize,
     part: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2 && micro::attend_groups(isa, a, q, k, v, (t0, nq), (g, 1), range, part) {
+    if isa >= Isa::Avx2
+        && micro::attend_groups(isa, a, q, k, v, (t0, nq), (g, 1), range, pf_end, part)
+    {
         return;
     }
     // One token at a time (SIMD single-token kernel if available, else portable).
@@ -481,13 +515,15 @@ fn attend_part<T: KvElem>(
         let r = (range.0, range.1.min(a.start_pos + t + 1));
         let p = &mut part[ti * stride..(ti + 1) * stride];
         #[cfg(target_arch = "x86_64")]
-        if nq > 1 && isa >= Isa::Avx2 && micro::attend_groups(isa, a, q, k, v, (t, 1), (g, 1), r, p)
+        if nq > 1
+            && isa >= Isa::Avx2
+            && micro::attend_groups(isa, a, q, k, v, (t, 1), (g, 1), r, pf_end, p)
         {
             continue;
         }
         scalar::attend_part(a, q, k, v, t, g, r, p);
     }
-    let _ = isa;
+    let _ = (isa, pf_end);
 }
 
 /// Prefetch into the cache the K/V rows of positions `0..n` (capped at the context end) of a
@@ -496,12 +532,18 @@ fn attend_part<T: KvElem>(
 /// DRAM read (the kernel prefetches each further chunk while it computes the one before).
 /// A hint only: it reads nothing and cannot fault.
 pub fn prefetch_context<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], n: usize) {
+    prefetch_rows(a, k, v, 0, n);
+}
+
+/// Prefetch the K/V rows of positions `p0..p0 + n` (capped at the context end), one range
+/// per block. A hint only: it reads nothing and cannot fault.
+fn prefetch_rows<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], p0: usize, n: usize) {
     #[cfg(target_arch = "x86_64")]
     {
-        let end = n.min(a.start_pos + a.n_tokens);
+        let end = (p0 + n).min(a.start_pos + a.n_tokens);
         let row = a.n_kv_heads * a.head_dim * std::mem::size_of::<T>();
         let (kb, vb) = (k.as_ptr() as *const u8, v.as_ptr() as *const u8);
-        let mut p = 0;
+        let mut p = p0;
         while p < end && a.block_size > 0 {
             let (blk, slot) = (p / a.block_size, p % a.block_size);
             let Some(&b) = a.block_table.get(blk) else {
@@ -515,7 +557,7 @@ pub fn prefetch_context<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], n: usize
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (a, k, v, n);
+    let _ = (a, k, v, p0, n);
 }
 
 /// Naive reference: gathers the context and computes softmax(q·Kᵀ·scale)·V per head.
@@ -571,9 +613,32 @@ mod tests {
     /// The few-token tile path gives [`paged_attention`]'s bits whether its kv groups go in one
     /// round or one at a time (the memory bound `MAX_PARTS` makes rounds only for large models
     /// at long contexts, too slow for a test; here the bound is lowered).
+    /// The runs of segments a parallel call hands out cover every segment exactly once, in
+    /// order, none empty, and at most one segment apart in length.
+    #[test]
+    fn runs_cover_every_segment_once_in_order() {
+        for nseg in 1..40 {
+            for runs in 1..=nseg {
+                let all: Vec<std::ops::Range<usize>> =
+                    (0..runs).map(|r| run_segments(r, runs, nseg)).collect();
+                let flat: Vec<usize> = all.iter().flat_map(|r| r.clone()).collect();
+                assert_eq!(flat, (0..nseg).collect::<Vec<_>>(), "{nseg} {runs}");
+                let lens: Vec<usize> = all.iter().map(|r| r.len()).collect();
+                let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+                assert!(*lo >= 1 && *hi <= lo + 1, "{nseg} {runs}: {lens:?}");
+            }
+        }
+    }
+
     #[test]
     fn tile_segments_in_rounds_equal_the_sequential_tile() {
-        let pool = ThreadPool::new(2);
+        for threads in [2, 3] {
+            tile_segments_in_rounds(threads);
+        }
+    }
+
+    fn tile_segments_in_rounds(threads: usize) {
+        let pool = ThreadPool::new(threads);
         let (nh, nkv, hd, bs, start, n) = (9usize, 3usize, 64usize, 16usize, 700usize, 5usize);
         let ctx = start + n;
         let nblk = ctx.div_ceil(bs);
@@ -616,7 +681,11 @@ mod tests {
                 &mut got,
             );
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "max_parts {max_parts}");
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{threads} threads, max_parts {max_parts}"
+            );
         }
     }
 }

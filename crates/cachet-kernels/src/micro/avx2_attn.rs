@@ -135,7 +135,7 @@ unsafe fn attn_avx2_tile<const HV: usize, const R: usize>(c: &AttnCtx) {
         c.offsets(c0, &mut kp[..n]);
         // The next chunk's K/V, prefetched position by position as this chunk is converted (a
         // burst of prefetches stalls on the miss buffers).
-        let n2 = (c.ctx - c0 - n).min(CHUNK);
+        let n2 = c.pf_end.saturating_sub(c0 + n).min(CHUNK);
         c.offsets(c0 + n, &mut kpn[..n2]);
         for gg in 0..ng {
             for j in 0..CHUNK {
@@ -255,7 +255,7 @@ unsafe fn attn_avx2_group<const HV: usize, const CV: bool, const R: usize>(c: &A
         c.offsets(c0, &mut kp[..n]);
         // The next chunk's K/V, prefetched position by position as this chunk's scores are
         // computed (in `group_chunk`; a burst stalls on the miss buffers).
-        let n2 = (c.ctx - c0 - n).min(CHUNK);
+        let n2 = c.pf_end.saturating_sub(c0 + n).min(CHUNK);
         c.offsets(c0 + n, &mut kpn[..n2]);
         kpn[n2..].fill(usize::MAX);
         for j in 0..CHUNK {

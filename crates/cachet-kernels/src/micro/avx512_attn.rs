@@ -347,7 +347,7 @@ unsafe fn attn_512_group<const HV: usize, const CV: bool, const R: usize>(c: &At
         // The next chunk's K/V, prefetched position by position as this chunk's scores are
         // computed (in `group_chunk`), not in one burst: a burst of 384 prefetches stalls the
         // core on the miss buffers (`examples/perf` ATTN_BATCH=16x144, one thread: 5.6 -> 4.4 ms).
-        let n2 = (c.ctx - c0 - n).min(CHUNK);
+        let n2 = c.pf_end.saturating_sub(c0 + n).min(CHUNK);
         c.offsets(c0 + n, &mut kpn[..n2]);
         kpn[n2..].fill(usize::MAX);
         for j in 0..CHUNK {

@@ -337,10 +337,11 @@ fn kv_kind<T: KvElem>() -> Option<bool> {
 }
 
 /// SIMD attention for query tokens `t..t + nq` and the `ng` kv groups from `g`, in one pass
-/// over the positions (with `ng > 1` a decode token reads each position's K/V row of all
-/// heads at once, one sequential stream instead of one strided pass per group).
-/// `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns false if the
-/// shape is not handled (the caller then runs the portable version).
+/// over the positions `p0..p1` (with `ng > 1` a decode token reads each position's K/V row of
+/// all heads at once, one sequential stream instead of one strided pass per group), the
+/// next-chunk prefetch running up to `pf_end` ([`AttnCtx::pf_end`]; `p1` or less: none past
+/// the range). `part` gets `[m, l, acc[hd]]` per (token, head of the groups) row. Returns
+/// false if the shape is not handled (the caller then runs the portable version).
 #[allow(clippy::too_many_arguments)]
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn attend_groups<T: KvElem>(
@@ -352,6 +353,7 @@ pub(crate) fn attend_groups<T: KvElem>(
     (t, nq): (usize, usize),
     (g, ng): (usize, usize),
     (p0, p1): (usize, usize),
+    pf_end: usize,
     part: &mut [f32],
 ) -> bool {
     let Some(is_f16) = kv_kind::<T>() else {
@@ -367,6 +369,7 @@ pub(crate) fn attend_groups<T: KvElem>(
     if part.len() < nq * gs * ng * (hd + 2)
         || p1 > a.start_pos + t + nq
         || p0 > p1
+        || pf_end > a.start_pos + a.n_tokens
         || t + nq > a.n_tokens
     {
         return false;
@@ -397,6 +400,7 @@ pub(crate) fn attend_groups<T: KvElem>(
         qp,
         op,
         is_f16,
+        pf_end: pf_end.max(p1),
     };
     macro_rules! run {
         ($f:ident, $n:literal) => {
@@ -458,6 +462,10 @@ pub(crate) struct AttnCtx<'a> {
     pub(crate) ng: usize,
     pub(crate) qstride: usize,
     pub(crate) is_f16: bool,
+    /// Positions up to which the next-chunk prefetch runs (`>= ctx`): past `ctx` when the
+    /// caller's next call continues at `ctx` (a run of segments), so that call's first chunk
+    /// is fetched while this one's last is computed.
+    pub(crate) pf_end: usize,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -477,7 +485,7 @@ impl AttnCtx<'_> {
     }
 
     /// Prefetch the K and V bytes this pass reads (`span` bytes per position) of positions
-    /// `c0..c0 + n` (capped at the context end): the next chunk, fetched from DRAM while the
+    /// `c0..c0 + n` (capped at `pf_end`): the next chunk, fetched from DRAM while the
     /// current one is computed. Measured (`examples/perf`, one thread): batched decode over
     /// 53 MB of KV 5-9 % faster; a 768 KB context already in cache about 10 % slower. Serving
     /// reads KV from DRAM (a step's weights alone are three times the L3 cache).
@@ -489,7 +497,7 @@ impl AttnCtx<'_> {
     /// [`Self::prefetch`] with the cache-level hint `H`.
     #[inline]
     pub(crate) fn prefetch_to<const H: i32>(&self, c0: usize, n: usize, span: usize) {
-        let end = (c0 + n).min(self.ctx);
+        let end = (c0 + n).min(self.pf_end);
         let mut p = c0;
         while p < end {
             let (blk, slot) = (p / self.bs, p % self.bs);
