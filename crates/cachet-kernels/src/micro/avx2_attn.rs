@@ -133,16 +133,16 @@ unsafe fn attn_avx2_tile<const HV: usize, const R: usize>(c: &AttnCtx) {
     while c0 < last {
         let n = (c.ctx - c0).min(CHUNK);
         c.offsets(c0, &mut kp[..n]);
-        // The next chunk's K/V, prefetched position by position as this chunk is converted (a
-        // burst of prefetches stalls on the miss buffers).
+        // The next chunk's K/V, prefetched (into L2) position by position as this chunk is
+        // converted (a burst of prefetches stalls on the miss buffers).
         let n2 = c.pf_end.saturating_sub(c0 + n).min(CHUNK);
         c.offsets(c0 + n, &mut kpn[..n2]);
         for gg in 0..ng {
             for j in 0..CHUNK {
                 if j < n2 {
                     let o = kpn[j] + gg * hd * esz;
-                    super::prefetch_lines(c.kb.wrapping_add(o), HV * 8 * esz);
-                    super::prefetch_lines(c.vb.wrapping_add(o), HV * 8 * esz);
+                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.kb.wrapping_add(o), HV * 8 * esz);
+                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.vb.wrapping_add(o), HV * 8 * esz);
                 }
                 let jj = if j < n { j } else { 0 };
                 if c.is_f16 {

@@ -487,19 +487,16 @@ impl AttnCtx<'_> {
         }
     }
 
-    /// Prefetch the K and V bytes this pass reads (`span` bytes per position) of positions
-    /// `c0..c0 + n` (capped at `pf_end`): the next chunk, fetched from DRAM while the
-    /// current one is computed. Measured (`examples/perf`, one thread): batched decode over
-    /// 53 MB of KV 5-9 % faster; a 768 KB context already in cache about 10 % slower. Serving
-    /// reads KV from DRAM (a step's weights alone are three times the L3 cache).
+    /// Prefetch, into L2, the K and V bytes this pass reads (`span` bytes per position) of
+    /// positions `c0..c0 + n` (capped at `pf_end`): the next chunk, fetched from DRAM while
+    /// the current one is computed. Measured (`examples/perf`, one thread): batched decode
+    /// over 53 MB of KV 5-9 % faster; a 768 KB context already in cache about 10 % slower.
+    /// Serving reads KV from DRAM (a step's weights alone are three times the L3 cache). Into
+    /// L2 rather than L1 since the eighteenth session (docs/benchmarks.md): 1-2 % on a decode
+    /// token's drafts (`DRAFT_ATTN=5@1500 LAYERS=120`), prefill the same.
     #[inline]
     pub(crate) fn prefetch(&self, c0: usize, n: usize, span: usize) {
-        self.prefetch_to::<{ std::arch::x86_64::_MM_HINT_T0 }>(c0, n, span)
-    }
-
-    /// [`Self::prefetch`] with the cache-level hint `H`.
-    #[inline]
-    pub(crate) fn prefetch_to<const H: i32>(&self, c0: usize, n: usize, span: usize) {
+        const H: i32 = std::arch::x86_64::_MM_HINT_T1;
         let end = (c0 + n).min(self.pf_end);
         let mut p = c0;
         while p < end {
