@@ -560,10 +560,7 @@ unsafe fn group_chunk<const HV: usize, const CV: bool, const R: usize, const PF:
                 let pj = j + 4 * quad + jj;
                 if PF && pj < CHUNK && next[pj] != usize::MAX {
                     let o = next[pj] + go;
-                    // Into L2, not L1: a decode token's K/V comes from DRAM in a served step,
-                    // and L1 prefetches hold the core's few fill buffers while they wait
-                    // (`examples/perf` DRAFT_ATTN=0@1500 LAYERS=120, 2 threads: avx2 55.6-59.0
-                    // -> 49.8-54.2 us, avx512 49.5-57.8 -> 49.1-51.0; in cache no slower).
+                    // Into L2, not L1, as `avx2_attn::group_chunk` (measured there).
                     super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.kb.wrapping_add(o), HV * 16 * es);
                     super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.vb.wrapping_add(o), HV * 16 * es);
                 }
