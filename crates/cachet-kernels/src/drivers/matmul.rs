@@ -490,10 +490,57 @@ mod tests {
                 }
             }
         }
-        // Q8_0, the other vendors and the AVX2 levels keep 4 rows.
+        // Q8_0 and the other vendors keep 4 rows.
         assert_eq!(tile_rows_for(Isa::Avx512, PFmt::Q8_0, true), 4);
         assert_eq!(tile_rows_for(Isa::Amx, PFmt::Q4_1, false), 4);
-        assert_eq!(tile_rows_for(Isa::Avx2Vnni, PFmt::Q4_1, true), 4);
+    }
+
+    /// 6-row plain AVX2 tiles (4-bit formats, Intel CPUs) against 4-row ones, whatever this
+    /// CPU's vendor: the same operations per output row, so the same bits, for tails of rows
+    /// and of m (5 or 6 rows in a tile, a 1- to 5-row last tile) and row slices (150 rows). The
+    /// other formats (two `vpmaddubsw` per 8-bit code: 6 rows were slower), the AVX-VNNI level
+    /// and other vendors keep 4 rows; a 6-row tile of those formats would still compute right
+    /// (checked here too, as the kernel dispatch has the instances).
+    #[test]
+    fn six_row_avx2_tiles_equal_four_row_tiles() {
+        use crate::micro::tile_rows_for;
+        if isa::detected() < Isa::Avx2 {
+            eprintln!("skipped: no AVX2 on this CPU");
+            return;
+        }
+        let pool = ThreadPool::new(3);
+        for (ti, ty) in [
+            WeightType::Q4_0,
+            WeightType::Q4_1,
+            WeightType::Q4K,
+            WeightType::Q8_0,
+            WeightType::Q6K,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let cols = if ty.block_len() == 256 { 512 } else { 96 };
+            for rows in [1usize, 17, 50] {
+                let w = rand_vec((ti * 100 + rows + 7) as u64, rows * cols);
+                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+                let p = mat.packed().expect("quantized types are packed");
+                let want_rows = if p.fmt.nib() { 6 } else { 4 };
+                assert_eq!(tile_rows_for(Isa::Avx2, p.fmt, true), want_rows, "{ty:?}");
+                assert_eq!(tile_rows_for(Isa::Avx2, p.fmt, false), 4, "{ty:?}");
+                assert_eq!(tile_rows_for(Isa::Avx2Vnni, p.fmt, true), 4, "{ty:?}");
+                for m in [5usize, 6, 7, 11, 16, 23, 150] {
+                    let x = rand_vec((rows * cols + m) as u64, m * cols);
+                    let mut act = QAct::default();
+                    quantize_act(Isa::Avx2, &pool, &x, m, cols, p.fmt.bk(), &mut act);
+                    let run = |tr: usize| {
+                        let mut y = vec![f32::NAN; m * rows + 3];
+                        matmul_tiles(Isa::Avx2, &pool, p, rows, &act, m, &mut y, tr);
+                        y.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(run(6), run(4), "{ty:?} {rows}x{cols} m={m}");
+                }
+            }
+        }
     }
 
     /// The tile kernel (on the model, and on the hardware where present) against the AVX-512

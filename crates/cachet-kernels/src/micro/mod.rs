@@ -68,6 +68,20 @@ pub(crate) const MR: usize = 4;
 /// 4 rows until measured.
 pub(crate) const MR_512: usize = 8;
 
+/// Activation rows per tile of the plain AVX2 kernel (`vpmaddubsw`, no AVX-VNNI) for the 4-bit
+/// formats on Intel CPUs: the nibble unpack of each weight vector (two ANDs and a shift) and its
+/// load serve 6 rows instead of 4, and m = 5 or 6 (a token and its drafts) is one tile instead
+/// of 4 + 1 or 4 + 2. Each output row is the same operations in the same order as in a 4-row
+/// tile (a unit test holds them bit-identical). Measured on an Intel Xeon (`CACHET_ISA=avx2`,
+/// docs/benchmarks.md, eighteenth session), against 4-row tiles: the default model's matmul set
+/// (`MODEL=… examples/perf`, 2 threads, 2–3 interleaved rounds) m = 5 7.66–9.35 → 6.90–7.23
+/// ms, m = 6 8.08–9.82 → 7.72–7.92, m = 16 16.3–17.9 → 15.5, m = 32 29.3–33.3 → 27.5–29.7,
+/// m = 512 430–433 → 416–422, m = 8 the same; single 4-bit matrices at m = 6 5–10 % faster,
+/// at m = 16 the same (one thread). Q8_0 (two `vpmaddubsw` per code) was 6–11 % slower at
+/// m = 16 and Q6_K 3 %, and the AVX-VNNI kernel 5 % slower at m = 32: they keep 4 rows, as do
+/// other vendors' CPUs until measured (the AVX-512 precedent of [`MR_512`]).
+pub(crate) const MR_AVX2: usize = 6;
+
 /// Activation rows per tile for format `fmt` on `isa` (on this CPU).
 pub(crate) fn tile_rows(isa: Isa, fmt: PFmt) -> usize {
     tile_rows_for(isa, fmt, crate::isa::intel())
@@ -77,6 +91,8 @@ pub(crate) fn tile_rows(isa: Isa, fmt: PFmt) -> usize {
 pub(crate) fn tile_rows_for(isa: Isa, fmt: PFmt, intel: bool) -> usize {
     if intel && isa >= Isa::Avx512 && fmt != PFmt::Q8_0 {
         MR_512
+    } else if intel && isa == Isa::Avx2 && fmt.nib() {
+        MR_AVX2
     } else {
         MR
     }
@@ -185,6 +201,20 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
             }
         };
     }
+    // The plain AVX2 kernel's 5- and 6-row tiles (`MR_AVX2`).
+    macro_rules! go6 {
+        ($kern:ident, $F:ty) => {
+            // SAFETY: as in `go!`.
+            unsafe {
+                match (job.mr, job.ng) {
+                    (5, 1) => $kern::<$F, 5, 1>(job),
+                    (5, _) => $kern::<$F, 5, 2>(job),
+                    (_, 1) => $kern::<$F, 6, 1>(job),
+                    (_, _) => $kern::<$F, 6, 2>(job),
+                }
+            }
+        };
+    }
     macro_rules! by_fmt {
         ($kern:ident) => {
             match job.p.fmt {
@@ -209,6 +239,16 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
         }
     } else if isa == Isa::Avx2Vnni {
         by_fmt!(tile_avx2_vnni)
+    } else if job.mr > MR {
+        // 5- and 6-row tiles (`MR_AVX2`: the 4-bit formats; the others never get here, but
+        // would be computed right).
+        match job.p.fmt {
+            PFmt::Q4_0 => go6!(tile_avx2, FQ4_0),
+            PFmt::Q4_1 => go6!(tile_avx2, FQ4_1),
+            PFmt::Q8_0 => go6!(tile_avx2, FQ8_0),
+            PFmt::Q4K => go6!(tile_avx2, FQ4K),
+            PFmt::Q6K => go6!(tile_avx2, FQ6K),
+        }
     } else {
         by_fmt!(tile_avx2)
     }
