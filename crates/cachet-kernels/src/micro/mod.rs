@@ -73,11 +73,11 @@ pub(crate) const MR_512: usize = 8;
 /// load serve 6 rows instead of 4, and m = 5 or 6 (a token and its drafts) is one tile instead
 /// of 4 + 1 or 4 + 2. Each output row is the same operations in the same order as in a 4-row
 /// tile (a unit test holds them bit-identical). Measured on an Intel Xeon (`CACHET_ISA=avx2`,
-/// docs/benchmarks.md, eighteenth session), against 4-row tiles: the default model's matmul set
-/// (`MODEL=… examples/perf`, 2 threads, 2–3 interleaved rounds) m = 5 7.66–9.35 → 6.90–7.23
-/// ms, m = 6 8.08–9.82 → 7.72–7.92, m = 16 16.3–17.9 → 15.5, m = 32 29.3–33.3 → 27.5–29.7,
-/// m = 512 430–433 → 416–422, m = 8 the same; single 4-bit matrices at m = 6 5–10 % faster,
-/// at m = 16 the same (one thread). Q8_0 (two `vpmaddubsw` per code) was 6–11 % slower at
+/// docs/benchmarks.md §4, eighteenth session), against 4-row tiles: the default model's matmul
+/// set (`MODEL=… examples/perf`, 2 threads, interleaved rounds) m = 16 15.8–17.9 → 14.3–15.5
+/// ms, m = 32 29.3–33.3 → 27.5–29.7, m = 512 430–433 → 416–422, m = 5, 6 and 8 inside the
+/// noise; single 4-bit matrices at m = 6 5–10 % faster, at m = 16 the same (one thread, in
+/// cache); `cachet bench kernel` decode batch 16 +5 % (3 of 3 pairs). Q8_0 (two `vpmaddubsw` per code) was 6–11 % slower at
 /// m = 16 and Q6_K 3 %, and the AVX-VNNI kernel 5 % slower at m = 32: they keep 4 rows, as do
 /// other vendors' CPUs until measured (the AVX-512 precedent of [`MR_512`]).
 pub(crate) const MR_AVX2: usize = 6;
