@@ -214,7 +214,8 @@ fn attention_drafts(k: usize, ctx: usize) {
     let nl: usize = std::env::var("LAYERS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1);
+        .unwrap_or(1)
+        .max(1);
     let kvs: Vec<_> = (0..nl).map(|_| layer_kv(ctx + n, bs, nkv * hd)).collect();
     let table = kvs[0].0.clone();
     let q: Vec<f32> = (0..n * nh * hd).map(|i| (i % 17) as f32 / 17.0).collect();
