@@ -449,6 +449,39 @@ mod tests {
         (0..n).map(|_| rng.gen_range(-1.0..1.0)).collect()
     }
 
+    /// Every format of `types` at 1, 17 and 50 weight rows and each m of `ms`: `tall`-row tiles
+    /// on `isa` give the bits of 4-row ones. `check` sees each matrix's packed format first.
+    fn tall_tiles_equal_four_row_tiles(
+        isa: Isa,
+        types: &[WeightType],
+        seed: usize,
+        ms: &[usize],
+        tall: usize,
+        check: impl Fn(WeightType, crate::formats::packed::PFmt),
+    ) {
+        let pool = ThreadPool::new(3);
+        for (ti, &ty) in types.iter().enumerate() {
+            let cols = if ty.block_len() == 256 { 512 } else { 96 };
+            for rows in [1usize, 17, 50] {
+                let w = rand_vec((ti * 100 + rows + seed) as u64, rows * cols);
+                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
+                let p = mat.packed().expect("quantized types are packed");
+                check(ty, p.fmt);
+                for &m in ms {
+                    let x = rand_vec((rows * cols + m) as u64, m * cols);
+                    let mut act = QAct::default();
+                    quantize_act(isa, &pool, &x, m, cols, p.fmt.bk(), &mut act);
+                    let run = |tr: usize| {
+                        let mut y = vec![f32::NAN; m * rows + 3];
+                        matmul_tiles(isa, &pool, p, rows, &act, m, &mut y, tr);
+                        y.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(run(tall), run(4), "{ty:?} {rows}x{cols} m={m}");
+                }
+            }
+        }
+    }
+
     /// 8-row AVX-512 tiles (Intel CPUs) against 4-row ones, whatever this CPU's vendor: every
     /// output row is the same sequence of operations in either, so the bits must agree, for
     /// each format, tails of rows and of m (5, 6 or 7 rows in the last tile), and row slices
@@ -461,35 +494,20 @@ mod tests {
             eprintln!("skipped: no AVX-512 on this CPU");
             return;
         }
-        let pool = ThreadPool::new(3);
-        for (ti, ty) in [
+        let types = [
             WeightType::Q4_0,
             WeightType::Q4_1,
             WeightType::Q4K,
             WeightType::Q6K,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let cols = if ty.block_len() == 256 { 512 } else { 96 };
-            for rows in [1usize, 17, 50] {
-                let w = rand_vec((ti * 100 + rows) as u64, rows * cols);
-                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
-                let p = mat.packed().expect("quantized types are packed");
-                assert_eq!(tile_rows_for(Isa::Avx512, p.fmt, true), 8);
-                for m in [5usize, 8, 13, 16, 23, 150] {
-                    let x = rand_vec((rows * cols + m) as u64, m * cols);
-                    let mut act = QAct::default();
-                    quantize_act(Isa::Avx512, &pool, &x, m, cols, p.fmt.bk(), &mut act);
-                    let run = |tr: usize| {
-                        let mut y = vec![f32::NAN; m * rows + 3];
-                        matmul_tiles(Isa::Avx512, &pool, p, rows, &act, m, &mut y, tr);
-                        y.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
-                    };
-                    assert_eq!(run(8), run(4), "{ty:?} {rows}x{cols} m={m}");
-                }
-            }
-        }
+        ];
+        tall_tiles_equal_four_row_tiles(
+            Isa::Avx512,
+            &types,
+            0,
+            &[5, 8, 13, 16, 23, 150],
+            8,
+            |_, fmt| assert_eq!(tile_rows_for(Isa::Avx512, fmt, true), 8),
+        );
         // Q8_0 and the other vendors keep 4 rows.
         assert_eq!(tile_rows_for(Isa::Avx512, PFmt::Q8_0, true), 4);
         assert_eq!(tile_rows_for(Isa::Amx, PFmt::Q4_1, false), 4);
@@ -508,39 +526,26 @@ mod tests {
             eprintln!("skipped: no AVX2 on this CPU");
             return;
         }
-        let pool = ThreadPool::new(3);
-        for (ti, ty) in [
+        let types = [
             WeightType::Q4_0,
             WeightType::Q4_1,
             WeightType::Q4K,
             WeightType::Q8_0,
             WeightType::Q6K,
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let cols = if ty.block_len() == 256 { 512 } else { 96 };
-            for rows in [1usize, 17, 50] {
-                let w = rand_vec((ti * 100 + rows + 7) as u64, rows * cols);
-                let mat = QMatrix::quantize_f32(ty, rows, cols, &w).unwrap();
-                let p = mat.packed().expect("quantized types are packed");
-                let want_rows = if p.fmt.nib() { 6 } else { 4 };
-                assert_eq!(tile_rows_for(Isa::Avx2, p.fmt, true), want_rows, "{ty:?}");
-                assert_eq!(tile_rows_for(Isa::Avx2, p.fmt, false), 4, "{ty:?}");
-                assert_eq!(tile_rows_for(Isa::Avx2Vnni, p.fmt, true), 4, "{ty:?}");
-                for m in [5usize, 6, 7, 11, 16, 23, 150] {
-                    let x = rand_vec((rows * cols + m) as u64, m * cols);
-                    let mut act = QAct::default();
-                    quantize_act(Isa::Avx2, &pool, &x, m, cols, p.fmt.bk(), &mut act);
-                    let run = |tr: usize| {
-                        let mut y = vec![f32::NAN; m * rows + 3];
-                        matmul_tiles(Isa::Avx2, &pool, p, rows, &act, m, &mut y, tr);
-                        y.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
-                    };
-                    assert_eq!(run(6), run(4), "{ty:?} {rows}x{cols} m={m}");
-                }
-            }
-        }
+        ];
+        tall_tiles_equal_four_row_tiles(
+            Isa::Avx2,
+            &types,
+            7,
+            &[5, 6, 7, 11, 16, 23, 150],
+            6,
+            |ty, fmt| {
+                let want_rows = if fmt.nib() { 6 } else { 4 };
+                assert_eq!(tile_rows_for(Isa::Avx2, fmt, true), want_rows, "{ty:?}");
+                assert_eq!(tile_rows_for(Isa::Avx2, fmt, false), 4, "{ty:?}");
+                assert_eq!(tile_rows_for(Isa::Avx2Vnni, fmt, true), 4, "{ty:?}");
+            },
+        );
     }
 
     /// The tile kernel (on the model, and on the hardware where present) against the AVX-512

@@ -161,68 +161,46 @@ pub(crate) fn run_tile(isa: Isa, job: &TileJob) {
 /// The x86 kernels of one tile, by format and tile shape.
 #[cfg(target_arch = "x86_64")]
 fn run_tile_x86(isa: Isa, job: &TileJob) {
-    macro_rules! go {
-        ($kern:ident, $F:ty) => {
+    // The tile heights the macros below spell out as literals.
+    const _: () = assert!(MR == 4 && MR_AVX2 == 6 && MR_512 == 8);
+    // `$kern::<$F, MR, NG>` for the job's tile: `MR` one of the listed heights, else `$top`.
+    macro_rules! tiles {
+        ($kern:ident, $F:ty; $($n:literal)*; $top:literal) => {
             // SAFETY: the kernel's target features were detected (isa <= detected()), and the
             // job's pointers/extents were validated by the tile driver.
             unsafe {
                 match (job.mr, job.ng) {
-                    (1, 1) => $kern::<$F, 1, 1>(job),
-                    (1, _) => $kern::<$F, 1, 2>(job),
-                    (2, 1) => $kern::<$F, 2, 1>(job),
-                    (2, _) => $kern::<$F, 2, 2>(job),
-                    (3, 1) => $kern::<$F, 3, 1>(job),
-                    (3, _) => $kern::<$F, 3, 2>(job),
-                    (_, 1) => $kern::<$F, 4, 1>(job),
-                    (_, _) => $kern::<$F, 4, 2>(job),
+                    $(($n, 1) => $kern::<$F, $n, 1>(job), ($n, _) => $kern::<$F, $n, 2>(job),)*
+                    (_, 1) => $kern::<$F, $top, 1>(job),
+                    (_, _) => $kern::<$F, $top, 2>(job),
                 }
             }
         };
     }
-    // The AVX-512 kernel's tiles of up to `MR_512` rows.
-    macro_rules! go512 {
-        ($F:ty) => {
-            if job.mr <= MR {
-                go!(tile_512, $F)
-            } else {
-                // SAFETY: as in `go!`.
-                unsafe {
-                    match (job.mr, job.ng) {
-                        (5, 1) => tile_512::<$F, 5, 1>(job),
-                        (5, _) => tile_512::<$F, 5, 2>(job),
-                        (6, 1) => tile_512::<$F, 6, 1>(job),
-                        (6, _) => tile_512::<$F, 6, 2>(job),
-                        (7, 1) => tile_512::<$F, 7, 1>(job),
-                        (7, _) => tile_512::<$F, 7, 2>(job),
-                        (_, 1) => tile_512::<$F, 8, 1>(job),
-                        (_, _) => tile_512::<$F, 8, 2>(job),
-                    }
-                }
-            }
-        };
-    }
-    // The plain AVX2 kernel's 5- and 6-row tiles (`MR_AVX2`).
-    macro_rules! go6 {
+    // Tiles of up to `MR` rows (every kernel), or of 5 to `$top` rows (`MR_512`, `MR_AVX2`).
+    macro_rules! go {
         ($kern:ident, $F:ty) => {
-            // SAFETY: as in `go!`.
-            unsafe {
-                match (job.mr, job.ng) {
-                    (5, 1) => $kern::<$F, 5, 1>(job),
-                    (5, _) => $kern::<$F, 5, 2>(job),
-                    (_, 1) => $kern::<$F, 6, 1>(job),
-                    (_, _) => $kern::<$F, 6, 2>(job),
-                }
-            }
+            go!($kern, $F, 4)
+        };
+        ($kern:ident, $F:ty, 4) => {
+            tiles!($kern, $F; 1 2 3; 4)
+        };
+        ($kern:ident, $F:ty, 6) => {
+            if job.mr <= MR { go!($kern, $F) } else { tiles!($kern, $F; 5; 6) }
+        };
+        ($kern:ident, $F:ty, 8) => {
+            if job.mr <= MR { go!($kern, $F) } else { tiles!($kern, $F; 5 6 7; 8) }
         };
     }
+    // Every format, tiles of up to `$top` rows.
     macro_rules! by_fmt {
-        ($kern:ident) => {
+        ($kern:ident, $top:tt) => {
             match job.p.fmt {
-                PFmt::Q4_0 => go!($kern, FQ4_0),
-                PFmt::Q4_1 => go!($kern, FQ4_1),
-                PFmt::Q8_0 => go!($kern, FQ8_0),
-                PFmt::Q4K => go!($kern, FQ4K),
-                PFmt::Q6K => go!($kern, FQ6K),
+                PFmt::Q4_0 => go!($kern, FQ4_0, $top),
+                PFmt::Q4_1 => go!($kern, FQ4_1, $top),
+                PFmt::Q8_0 => go!($kern, FQ8_0, $top),
+                PFmt::Q4K => go!($kern, FQ4K, $top),
+                PFmt::Q6K => go!($kern, FQ6K, $top),
             }
         };
     }
@@ -230,27 +208,19 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
     debug_assert!(job.mr >= 1 && job.mr <= most && job.ng >= 1 && job.ng <= 2);
     if isa >= Isa::Avx512 {
         match job.p.fmt {
-            PFmt::Q4_0 => go512!(FQ4_0),
-            PFmt::Q4_1 => go512!(FQ4_1),
+            PFmt::Q4_0 => go!(tile_512, FQ4_0, 8),
+            PFmt::Q4_1 => go!(tile_512, FQ4_1, 8),
             // 4-row tiles only (`tile_rows`): no 8-row instances.
             PFmt::Q8_0 => go!(tile_512, FQ8_0),
-            PFmt::Q4K => go512!(FQ4K),
-            PFmt::Q6K => go512!(FQ6K),
+            PFmt::Q4K => go!(tile_512, FQ4K, 8),
+            PFmt::Q6K => go!(tile_512, FQ6K, 8),
         }
     } else if isa == Isa::Avx2Vnni {
-        by_fmt!(tile_avx2_vnni)
-    } else if job.mr > MR {
-        // 5- and 6-row tiles (`MR_AVX2`: the 4-bit formats; the others never get here, but
-        // would be computed right).
-        match job.p.fmt {
-            PFmt::Q4_0 => go6!(tile_avx2, FQ4_0),
-            PFmt::Q4_1 => go6!(tile_avx2, FQ4_1),
-            PFmt::Q8_0 => go6!(tile_avx2, FQ8_0),
-            PFmt::Q4K => go6!(tile_avx2, FQ4K),
-            PFmt::Q6K => go6!(tile_avx2, FQ6K),
-        }
+        by_fmt!(tile_avx2_vnni, 4)
     } else {
-        by_fmt!(tile_avx2)
+        // Up to `MR_AVX2` rows: the 4-bit formats get them; the others never do, but would be
+        // computed right.
+        by_fmt!(tile_avx2, 6)
     }
 }
 
