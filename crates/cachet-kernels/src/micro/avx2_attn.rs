@@ -141,8 +141,8 @@ unsafe fn attn_avx2_tile<const HV: usize, const R: usize>(c: &AttnCtx) {
             for j in 0..CHUNK {
                 if j < n2 {
                     let o = kpn[j] + gg * hd * esz;
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.kb.wrapping_add(o), HV * 8 * esz);
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.vb.wrapping_add(o), HV * 8 * esz);
+                    super::prefetch_lines(c.kb.wrapping_add(o), HV * 8 * esz);
+                    super::prefetch_lines(c.vb.wrapping_add(o), HV * 8 * esz);
                 }
                 let jj = if j < n { j } else { 0 };
                 if c.is_f16 {
@@ -376,8 +376,8 @@ unsafe fn group_chunk<const HV: usize, const CV: bool, const R: usize>(
                     // and L1 prefetches hold the core's few fill buffers while they wait
                     // (`examples/perf` DRAFT_ATTN=0@1500 LAYERS=120, 2 threads: avx2 55.6-59.0
                     // -> 49.8-54.2 us, avx512 49.5-57.8 -> 49.1-51.0; in cache no slower).
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.kb.wrapping_add(o), HV * 8 * es);
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.vb.wrapping_add(o), HV * 8 * es);
+                    super::prefetch_lines(c.kb.wrapping_add(o), HV * 8 * es);
+                    super::prefetch_lines(c.vb.wrapping_add(o), HV * 8 * es);
                 }
                 kr[jj] = krow[pj].add(go);
             }

@@ -99,10 +99,7 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
             for b in 0..p.nb {
                 let base = w0.add(g * gb + b * F::STRIDE);
                 if job.prefetch != 0 && h == 0 && b == pf_next {
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(
-                        base.wrapping_add(job.prefetch),
-                        F::STRIDE,
-                    );
+                    super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
                     pf_next += job.prefetch_every;
                 }
                 macro_rules! wv {

@@ -149,10 +149,7 @@ pub(crate) unsafe fn tile_512<F: Fmt, const MR: usize, const NG: usize>(job: &Ti
         if job.prefetch != 0 && b == pf_next {
             for g in 0..NG {
                 let base = w0.add(g * gb + b * F::STRIDE);
-                super::prefetch_lines_to::<{ _MM_HINT_T1 }>(
-                    base.wrapping_add(job.prefetch),
-                    F::STRIDE,
-                );
+                super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
             }
             pf_next += job.prefetch_every;
         }

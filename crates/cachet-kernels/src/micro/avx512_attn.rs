@@ -561,8 +561,8 @@ unsafe fn group_chunk<const HV: usize, const CV: bool, const R: usize, const PF:
                 if PF && pj < CHUNK && next[pj] != usize::MAX {
                     let o = next[pj] + go;
                     // Into L2, not L1, as `avx2_attn::group_chunk` (measured there).
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.kb.wrapping_add(o), HV * 16 * es);
-                    super::prefetch_lines_to::<{ _MM_HINT_T1 }>(c.vb.wrapping_add(o), HV * 16 * es);
+                    super::prefetch_lines(c.kb.wrapping_add(o), HV * 16 * es);
+                    super::prefetch_lines(c.vb.wrapping_add(o), HV * 16 * es);
                 }
                 let kr = krow[pj.min(CHUNK - 1)].add(go);
                 let mut kv = [_mm512_setzero_ps(); HV];

@@ -128,11 +128,14 @@ pub(crate) struct TileJob<'a> {
     pub(crate) prefetch_phase: usize,
 }
 
-/// Prefetch, into L1, the `bytes` bytes at `p` (one hint per cache line).
+/// Prefetch, into L2, the `bytes` bytes at `p` (one hint per cache line): what the kernels do
+/// with the weights and KV they stream from DRAM. Into L2 rather than L1: an L1 prefetch holds
+/// one of the core's few fill buffers until DRAM answers (measured where the kernels use it:
+/// `TileJob::prefetch`, `avx2_attn::group_chunk`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_lines(p: *const u8, bytes: usize) {
-    prefetch_lines_to::<{ std::arch::x86_64::_MM_HINT_T0 }>(p, bytes)
+    prefetch_lines_to::<{ std::arch::x86_64::_MM_HINT_T1 }>(p, bytes)
 }
 
 /// [`prefetch_lines`] with the cache-level hint `H` (`_MM_HINT_T0`: L1, `_MM_HINT_T1`: L2).
@@ -506,7 +509,6 @@ impl AttnCtx<'_> {
     /// token's drafts (`DRAFT_ATTN=5@1500 LAYERS=120`), prefill the same.
     #[inline]
     pub(crate) fn prefetch(&self, c0: usize, n: usize, span: usize) {
-        const H: i32 = std::arch::x86_64::_MM_HINT_T1;
         let end = (c0 + n).min(self.pf_end);
         let mut p = c0;
         while p < end {
@@ -516,13 +518,13 @@ impl AttnCtx<'_> {
             if span == self.row_bytes {
                 // The rows of one block are contiguous: one range per block.
                 let bytes = run * self.row_bytes;
-                prefetch_lines_to::<H>(self.kb.wrapping_add(off), bytes);
-                prefetch_lines_to::<H>(self.vb.wrapping_add(off), bytes);
+                prefetch_lines(self.kb.wrapping_add(off), bytes);
+                prefetch_lines(self.vb.wrapping_add(off), bytes);
             } else {
                 for j in 0..run {
                     let o = off + j * self.row_bytes;
-                    prefetch_lines_to::<H>(self.kb.wrapping_add(o), span);
-                    prefetch_lines_to::<H>(self.vb.wrapping_add(o), span);
+                    prefetch_lines(self.kb.wrapping_add(o), span);
+                    prefetch_lines(self.vb.wrapping_add(o), span);
                 }
             }
             p += run;
