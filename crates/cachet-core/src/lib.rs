@@ -41,6 +41,7 @@ pub use observe::{Effect, Observer};
 pub use recorder::{Recorder, Report};
 pub use request::{
     tenant_label, FinishReason, RequestDraft, RequestLimits, SamplingParams, ValidRequest,
+    DEFAULT_TENANT,
 };
 pub use scheduler::{Scheduler, SchedulerConfig, SchedulingPolicy};
 pub use sessions::{SessionInfo, SessionStatus};

@@ -173,9 +173,12 @@ pub fn tenant_label(name: Option<&str>, cache_salt: Option<&str>) -> Arc<str> {
                 .collect();
             Arc::from(format!("salt-{hex}"))
         }
-        None => Arc::from("default"),
+        None => Arc::from(DEFAULT_TENANT),
     }
 }
+
+/// The tenant of a request with no API key name and no `cache_salt`.
+pub const DEFAULT_TENANT: &str = "default";
 
 impl RequestDraft {
     /// A draft with `sampling.max_tokens` as the limit and every option at its default.

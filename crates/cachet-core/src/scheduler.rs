@@ -422,7 +422,10 @@ impl<O: Observer> Scheduler<O> {
             }
             None => (ReqKv::new(extra), 0, None),
         };
-        let tenant = d.tenant.take().unwrap_or_else(|| Arc::from("default"));
+        let tenant = d
+            .tenant
+            .take()
+            .unwrap_or_else(|| Arc::from(crate::request::DEFAULT_TENANT));
         let r = Request {
             kv,
             prompt_len: d.prompt.len(),

@@ -205,6 +205,37 @@ fn no_divergence_across_salts() {
     assert_eq!(c.totals().diverged_requests, 1);
 }
 
+/// Tenants that share the cache (no salt) still never see each other's tokens: "bob"'s nonce
+/// prompt hits the two blocks "alice" cached (the cache is shared) but has no divergence point
+/// against her block 2, nor has the anonymous tenant's; "alice"'s own nonce prompt has (37).
+#[test]
+fn no_divergence_across_tenants() {
+    let mut c = full(64);
+    let mut a = req("a", toks(0, 100), 1);
+    a.tenant = Some("alice".into());
+    run_one(&mut c, a);
+    // A nonce of its own for each (so that none hits another's block 2).
+    let nonce = |n: u32| {
+        let mut p = toks(0, 100);
+        p[37] = n;
+        p
+    };
+    for (id, tenant, n) in [("b", Some("bob"), 9999), ("anon", None, 9998)] {
+        let mut d = req(id, nonce(n), 1);
+        d.tenant = tenant.map(Into::into);
+        let r = run_one(&mut c, d);
+        let s = r.prefill_stats.unwrap();
+        assert_eq!((s.local_cached_tokens, s.diverged_at), (32, None), "{id}");
+        assert!(r.divergence.is_none(), "{id}");
+    }
+    let mut d = req("a2", nonce(9997), 1);
+    d.tenant = Some("alice".into());
+    let r = run_one(&mut c, d);
+    let div = r.divergence.unwrap();
+    assert_eq!((div.at, div.cached_by.as_deref()), (37, Some("a")));
+    assert_eq!(c.totals().diverged_requests, 1);
+}
+
 /// A tiny deterministic generator (xorshift).
 struct Rng(u64);
 impl Rng {

@@ -143,6 +143,34 @@ async fn tenants_come_from_key_names_and_salt_digests() {
     assert_eq!(code, StatusCode::UNAUTHORIZED);
 }
 
+/// Named keys share the cache (no salt) but not their prompts: bob's nonce prompt hits the two
+/// blocks alice cached and is shown no divergence point (her text and request id would be in
+/// it); alice's own nonce prompt is.
+#[tokio::test]
+async fn a_divergence_never_shows_another_tenants_prompt() {
+    let h = start(Opts {
+        api_key: Some("alice:ka,bob:kb".into()),
+        ..Opts::default()
+    });
+    let p = text(100, 0);
+    let lead = h.tokenize_prompt(&p).await - p.len();
+    complete(&h, "a", &p, &[("authorization", "Bearer ka")]).await;
+    let nonce = |c: u8| {
+        let mut q = p.clone().into_bytes();
+        q[37 - lead] = c;
+        String::from_utf8(q).unwrap()
+    };
+    let v = complete(&h, "b", &nonce(b'#'), &[("authorization", "Bearer kb")]).await;
+    let pc = &v["metrics"]["prefix_cache"];
+    assert_eq!(pc["local_cached_tokens"], 32, "{pc}");
+    assert_eq!(pc["diverged_at"], Value::Null, "{pc}");
+    assert!(pc.get("divergence").is_none(), "{pc}");
+    let v = complete(&h, "a2", &nonce(b'%'), &[("authorization", "Bearer ka")]).await;
+    let pc = &v["metrics"]["prefix_cache"];
+    assert_eq!(pc["diverged_at"], 37, "{pc}");
+    assert_eq!(pc["divergence"]["cached_by"], "a");
+}
+
 async fn get_json(h: &Harness, path: &str) -> (StatusCode, Value) {
     let (s, t) = h.get(path).await;
     (s, serde_json::from_str(&t).unwrap_or(Value::Null))

@@ -72,8 +72,8 @@ struct Cold {
     created: f64,
     /// NaN: never found.
     last_hit: f64,
-    /// Digest of the creating request's salt and adapter (root blocks are only siblings of
-    /// roots with the same one).
+    /// Digest of the creating request's salt, adapter and tenant (`insight::root_key`): a
+    /// divergence is only reported against an entry with the same one.
     root_key: u64,
     hits: u32,
     depth: u32,
@@ -532,8 +532,9 @@ impl BlockIndex {
     }
 
     /// The most recently used cached sibling of a block with `ours` tokens (a full block or a
-    /// prompt's tail) under `parent` (`None`: a root block, visible only to roots with the
-    /// same `root_key`) whose tokens differ from ours within `ours`, and where.
+    /// prompt's tail) under `parent` (`None`: a root block) whose tokens differ from ours
+    /// within `ours`, and where; only siblings created under the same `root_key` are visible
+    /// (another tenant's tokens are never shown, even where the tenants share the cache).
     pub(crate) fn diverging_sibling(
         &self,
         parent: Option<BlockId>,
@@ -561,7 +562,7 @@ impl BlockIndex {
                 continue;
             }
             scanned += 1;
-            if parent.is_some() || self.slots[c as usize].c.root_key == root_key {
+            if self.slots[c as usize].c.root_key == root_key {
                 let theirs = self.tokens(c);
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });

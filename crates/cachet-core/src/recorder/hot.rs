@@ -32,7 +32,7 @@ const _: () = assert!(std::mem::size_of::<Hot>() == 64);
 /// part of a fill is queued and applied with those lines prefetched).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ids {
-    /// Digest of its salt and adapter (see `insight::root_key`).
+    /// Digest of its salt, adapter and tenant (see `insight::root_key`).
     pub(super) root_key: u64,
     /// The request's id in the block index's creators (`NONE` until it creates an entry).
     pub(super) creator: u32,

@@ -18,6 +18,7 @@ use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
 use crate::hash::BlockHash;
 use crate::request::FinishReason;
+use crate::request::DEFAULT_TENANT;
 use crate::stats::{MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
@@ -104,13 +105,16 @@ pub(crate) struct RequestInsight {
     pub shared: bool,
 }
 
-/// Digest of the salt and adapter a request's root block is hashed with.
-pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>) -> u64 {
-    if cache_salt.is_none() && adapter.is_none() {
+/// Digest of what decides whose cached blocks a request may be shown as a divergence point: the
+/// salt and adapter its root block is hashed with, and its tenant. Another tenant's prompt may
+/// share this one's cached prefix (without a salt the cache is shared), but its tokens and
+/// request id are never shown to it. 0 for the anonymous tenant with neither.
+pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>, tenant: &str) -> u64 {
+    if cache_salt.is_none() && adapter.is_none() && tenant == DEFAULT_TENANT {
         return 0;
     }
     let mut h = blake3::Hasher::new();
-    for part in [cache_salt, adapter] {
+    for part in [cache_salt, adapter, Some(tenant)] {
         match part {
             Some(s) => {
                 h.update(&[1]);
@@ -241,7 +245,7 @@ impl Insight {
                 (None, Vec::new())
             };
             let root_key = if self.cfg.block_index {
-                root_key(cache_salt, adapter)
+                root_key(cache_salt, adapter, tenant)
             } else {
                 0
             };
@@ -329,7 +333,7 @@ impl Insight {
         self.tenants
             .as_ref()
             .and_then(|t| t.name(i?))
-            .unwrap_or_else(|| Arc::from("default"))
+            .unwrap_or_else(|| Arc::from(DEFAULT_TENANT))
     }
 
     /// The first admission's lookup, after its allocation was recorded ([`Insight::allocated`],
