@@ -17,8 +17,7 @@ use super::tenants::Tenants;
 use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
 use crate::hash::BlockHash;
-use crate::request::FinishReason;
-use crate::request::DEFAULT_TENANT;
+use crate::request::{FinishReason, DEFAULT_TENANT};
 use crate::stats::{MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
