@@ -244,6 +244,14 @@ impl BlockPool {
         }
     }
 
+    /// The hashes of the cache entries, in free-queue order (the next evicted first).
+    pub fn cached_in_queue_order(&self) -> Vec<BlockHash> {
+        self.free_queue()
+            .into_iter()
+            .filter_map(|b| self.block_hash(b))
+            .collect()
+    }
+
     /// Drop every cache entry. Only allowed while no block is in use; returns whether it ran.
     pub fn reset_prefix_cache(&mut self) -> bool {
         if self.num_free != self.blocks.len() {

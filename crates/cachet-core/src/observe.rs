@@ -144,8 +144,9 @@ pub enum Effect<'a> {
     },
     /// A parked session's KV was released (closed, expired or over budget).
     SessionReleased { session_id: &'a Arc<str> },
-    /// Every prefix-cache entry of the local pool was dropped.
-    CacheReset,
+    /// Every prefix-cache entry of the local pool was dropped: `dropped`, in free-queue order
+    /// (the one that would have been evicted next first).
+    CacheReset { dropped: &'a [BlockHash] },
 }
 
 /// Receives the scheduler's effects. Implementations must not panic on any sequence the

@@ -376,9 +376,14 @@ impl<O: Observer> Scheduler<O> {
 
     /// Drop every cache entry; only while no request holds a block.
     pub fn reset_prefix_cache(&mut self) -> bool {
+        let pool = self.kv.pool();
+        if pool.num_free() != pool.num_blocks() {
+            return false;
+        }
+        let dropped = pool.cached_in_queue_order();
         let done = self.kv.reset_prefix_cache();
         if done {
-            self.obs.observe(Effect::CacheReset);
+            self.obs.observe(Effect::CacheReset { dropped: &dropped });
         }
         done
     }

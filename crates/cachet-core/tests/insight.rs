@@ -236,6 +236,39 @@ fn no_divergence_across_tenants() {
     assert_eq!(c.totals().diverged_requests, 1);
 }
 
+/// A reset drops the entries, which were cached: a 64-token prompt cached before
+/// `reset_prefix_cache` reads its 4 blocks as `evicted` after it, not `never_cached`; the 2x
+/// and 4x pools were reset too, so they estimate no hit for it. Refused while a request holds
+/// blocks, a reset changes nothing.
+#[test]
+fn a_reset_reads_as_evicted() {
+    let mut c = full(64);
+    miss(&mut c, req("a", toks(0, 64), 1));
+    c.add(req("busy", toks(5000, 20), 50)).unwrap();
+    c.step(c.now + 1.0);
+    assert!(!c.s.reset_prefix_cache());
+    while c.s.has_unfinished() {
+        c.step(c.now + 1.0);
+    }
+    assert!(c.s.reset_prefix_cache());
+    let before = c.totals();
+    assert_eq!(
+        miss(&mut c, req("a2", toks(0, 64), 1)),
+        MissTokens {
+            evicted: 64,
+            ..Default::default()
+        }
+    );
+    let after = c.totals();
+    assert_eq!(
+        (after.estimated_hits_2x, after.estimated_hits_4x),
+        (before.estimated_hits_2x, before.estimated_hits_4x)
+    );
+    // Without the reset it would have hit 48 (the N-1 cap): the same prompt again does.
+    let r = run_one(&mut c, req("a3", toks(0, 64), 1));
+    assert_eq!(r.prefill_stats.unwrap().local_cached_tokens, 48);
+}
+
 /// A tiny deterministic generator (xorshift).
 struct Rng(u64);
 impl Rng {

@@ -704,7 +704,8 @@ impl Insight {
         }
     }
 
-    pub(crate) fn reset(&mut self) {
+    /// The cache was reset, dropping the entries `dropped` (in free-queue order).
+    pub(crate) fn reset(&mut self, dropped: &[BlockHash]) {
         self.flush();
         for i in &mut self.ids {
             i.own = None;
@@ -713,7 +714,7 @@ impl Insight {
             ix.reset();
         }
         if let Some(sh) = self.shadow.as_mut() {
-            sh.reset();
+            sh.reset(dropped);
         }
     }
 

@@ -817,8 +817,8 @@ impl Recorder {
             Effect::SessionReleased { session_id } => {
                 self.sessions.remove(session_id);
             }
-            Effect::CacheReset => {
-                self.insight.reset();
+            Effect::CacheReset { dropped } => {
+                self.insight.reset(dropped);
                 if let Some(ev) = self.events.as_mut() {
                     ev.push(CacheEvent::AllCleared {
                         medium: Medium::Gpu,

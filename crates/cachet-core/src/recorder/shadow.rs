@@ -400,9 +400,14 @@ impl Shadow {
         }
     }
 
-    /// The cache was reset: the larger pools would have dropped everything too. What was
-    /// evicted before stays remembered as evicted.
-    pub(crate) fn reset(&mut self) {
+    /// The cache was reset, dropping the entries `dropped` (in free-queue order): they are
+    /// remembered as evicted (they were cached, and are gone), as is what was evicted before;
+    /// but the larger pools would have dropped everything too, so their regions start empty,
+    /// after them.
+    pub(crate) fn reset(&mut self, dropped: &[BlockHash]) {
+        for h in dropped {
+            self.push(Some(key(h)));
+        }
         let next = self.next();
         for g in &mut self.ghosts {
             *g = Ghost::new(g.cap, next);
@@ -476,14 +481,21 @@ mod tests {
         assert!(s.ghost_holds(0, &h(4)));
     }
 
+    /// `h(1)` evicted before the reset, `h(2)` and `h(3)` dropped by it: all three read as
+    /// evicted, none is in a larger pool's region (those pools were reset too, and start with
+    /// every block unused again), and a hash never cached is not remembered.
     #[test]
     fn reset_empties_the_regions_but_not_the_memory_of_evictions() {
         let mut s = Shadow::new(4, 12);
         s.taken([h(1)].into_iter(), 1);
         s.trim();
-        s.reset();
-        assert!(!s.ghost_holds(0, &h(1)) && !s.ghost_holds(1, &h(1)));
-        assert!(s.contains(&h(1)));
+        s.reset(&[h(2), h(3)]);
+        for x in 1..=3 {
+            assert!(!s.ghost_holds(0, &h(x)) && !s.ghost_holds(1, &h(x)), "{x}");
+            assert!(s.contains(&h(x)), "{x}");
+        }
+        assert!(!s.contains(&h(4)));
+        assert_eq!((s.live(0), s.live(1)), (4, 12));
     }
 
     #[test]
