@@ -58,6 +58,8 @@ except ImportError:
 
 CHROMIUM = os.environ.get("CACHET_CHROMIUM", "/usr/bin/chromium")
 KEY = "dash-e2e-key-5c1f"
+# A tenant's (named) key: the cache routes answer it 403 (the fake as the real server does).
+TENANT_KEY = "dash-e2e-tenant-key"
 PROMPT = list(range(100, 164))  # the simulated executor's vocabulary is 259 tokens
 CHROMIUM_ARGS = [
     "--headless",
@@ -292,8 +294,14 @@ class FakeServer:
                 self.wfile.write(body)
 
             def _authorized(self) -> bool:
-                if self.headers.get("Authorization", "") == f"Bearer {key}":
+                given = self.headers.get("Authorization", "")
+                if given == f"Bearer {key}":
                     return True
+                if given == f"Bearer {TENANT_KEY}":
+                    # What the real server answers a named (tenant) key on the cache routes.
+                    self._json(403, {"error": {"message": "operator key needed", "type": "permission_error",
+                                               "code": "operator_key_required"}})
+                    return False
                 self._json(401, {"error": {"message": "unauthorized", "type": "invalid_request_error"}})
                 return False
 
@@ -449,7 +457,9 @@ class Target:
 
 
 def _start_target(extra: list[str]) -> Target:
-    real = start_server(["--enable-per-request-metrics", *extra], api_key=KEY)
+    # KEY is the operator's; TENANT_KEY a tenant's (named), which the cache routes refuse (403).
+    real = start_server(["--enable-per-request-metrics", *extra], api_key=f"{KEY},dash-tenant:{TENANT_KEY}")
+    real.api_key = KEY
     fake = None
     try:
         if DATA == "fake":
@@ -626,13 +636,17 @@ def test_dashboard_asks_for_the_key(target, browser_page):
     page.fill("#keyinput", "not-the-key")
     page.click("#keyform button")
     _wait_text(page, "#conn", "wrong API key")
+    page.fill("#keyinput", TENANT_KEY)
+    page.click("#keyform button")
+    _wait_text(page, "#conn", "a tenant's key: this page needs an operator key")
+    assert not page.is_hidden("#keyform")
     page.fill("#keyinput", KEY)
     page.click("#keyform button")
     _wait_text(page, "#conn", "live")
     assert page.is_hidden("#keyform")
     page.wait_for_function("() => window.cachetDashboard.snapshots >= 1", timeout=WAIT_MS)
-    # The 401s are the browser's console errors for the refused fetches; nothing else.
-    assert all("401" in e for e in errors), errors
+    # The 401s and 403s are the browser's console errors for the refused fetches; nothing else.
+    assert all("401" in e or "403" in e for e in errors), errors
 
 
 def test_dashboard_page_is_served_from_the_binary(target):

@@ -28,7 +28,9 @@ pub struct ServerArgs {
     pub served_model_name: Vec<String>,
     /// Require this key on every `/v1` route (`Authorization: Bearer` or `x-api-key`); a
     /// comma-separated list accepts any of them, and `NAME:KEY` names the tenant its requests
-    /// are counted under (`cachet:tenant_*` metrics).
+    /// are counted under (`cachet:tenant_*` metrics). A named key is a tenant's: it is refused
+    /// (403) on `/v1/cache/*` and `/reset_prefix_cache`, which show or drop every tenant's
+    /// cache; an unnamed key is the operator's.
     #[arg(long, env = "CACHET_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// Add a top-level `metrics` object (timings and prefix-cache stats) to every response.

@@ -5,6 +5,11 @@
 //! request's key is compared with every configured key in constant time; the matching entry's
 //! name is the request's tenant for the per-tenant cache numbers (spec: a tenant is the key's
 //! name, else a digest of the `cache_salt`, else "default" — never the salt itself).
+//!
+//! Named keys are tenants; an unnamed key is the operator's. The operator routes (the cache
+//! inspector, its event and stats streams, the resets: [`operator_route`]) read or drop every
+//! tenant's cache — the event stream carries every stored block's token ids — so a named key
+//! gets 403 there. With no named key configured every key is the operator's, as before.
 
 use std::sync::Arc;
 
@@ -90,21 +95,25 @@ pub fn current_tenant() -> Option<Arc<str>> {
     TENANT.try_with(Clone::clone).ok().flatten()
 }
 
+/// Whether `path` is an operator route: one that shows or drops every tenant's cache.
+pub fn operator_route(path: &str) -> bool {
+    path == "/v1/cache" || path.starts_with("/v1/cache/") || path == "/reset_prefix_cache"
+}
+
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let keys = state.api_keys();
     if keys.is_empty() {
         return next.run(req).await;
     }
-    match keys.check(provided_key(req.headers())) {
-        Some(name) => TENANT.scope(name, next.run(req)).await,
-        None => {
-            let err = ApiError::Unauthorized;
-            if req.uri().path().starts_with("/v1/messages") {
-                err.anthropic_response()
-            } else {
-                err.openai_response()
-            }
-        }
+    let err = match keys.check(provided_key(req.headers())) {
+        Some(Some(_)) if operator_route(req.uri().path()) => ApiError::OperatorOnly,
+        Some(name) => return TENANT.scope(name, next.run(req)).await,
+        None => ApiError::Unauthorized,
+    };
+    if req.uri().path().starts_with("/v1/messages") {
+        err.anthropic_response()
+    } else {
+        err.openai_response()
     }
 }
 
@@ -125,6 +134,28 @@ mod tests {
         assert_eq!(k.check(Some("abd")), None);
         assert_eq!(k.check(Some("ab")), None);
         assert_eq!(k.check(None), None);
+    }
+
+    #[test]
+    fn operator_routes_are_the_cache_routes() {
+        for p in [
+            "/v1/cache",
+            "/v1/cache/events",
+            "/v1/cache/requests/r1",
+            "/v1/cache/reset",
+            "/v1/cache/stats/stream",
+            "/reset_prefix_cache",
+        ] {
+            assert!(operator_route(p), "{p}");
+        }
+        for p in [
+            "/v1/cachex",
+            "/v1/completions",
+            "/v1/messages",
+            "/v1/sessions/s",
+        ] {
+            assert!(!operator_route(p), "{p}");
+        }
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub enum ApiError {
     ModelNotFound(String),
     #[error("Invalid or missing API key.")]
     Unauthorized,
+    /// A tenant's (named) key on an operator route: the cache inspector, its event and stats
+    /// streams and the resets read or drop every tenant's cache (403).
+    #[error("This route needs an operator key: an --api-key entry without a NAME: (named keys are tenants, and this route shows or drops every tenant's cache).")]
+    OperatorOnly,
     /// A cross-origin request from an origin `--allowed-origins` does not list (403).
     #[error("Requests from this origin are not allowed (see --allowed-origins).")]
     ForbiddenOrigin,
@@ -165,7 +169,7 @@ impl ApiError {
             ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::ForbiddenOrigin => StatusCode::FORBIDDEN,
+            ApiError::ForbiddenOrigin | ApiError::OperatorOnly => StatusCode::FORBIDDEN,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -198,6 +202,7 @@ impl ApiError {
             ApiError::NotFound => ("invalid_request_error", Some("not_found")),
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::ForbiddenOrigin => ("permission_error", Some("forbidden_origin")),
+            ApiError::OperatorOnly => ("permission_error", Some("operator_key_required")),
             ApiError::MethodNotAllowed => ("invalid_request_error", Some("method_not_allowed")),
             ApiError::PayloadTooLarge { .. } => {
                 ("invalid_request_error", Some("request_too_large"))
@@ -226,7 +231,7 @@ impl ApiError {
             | ApiError::RequestTimeout { .. } => "invalid_request_error",
             ApiError::ModelNotFound(_) | ApiError::NotFound => "not_found_error",
             ApiError::Unauthorized => "authentication_error",
-            ApiError::ForbiddenOrigin => "permission_error",
+            ApiError::ForbiddenOrigin | ApiError::OperatorOnly => "permission_error",
             ApiError::PayloadTooLarge { .. } => "request_too_large",
             ApiError::QueueFull | ApiError::ShuttingDown => "overloaded_error",
             ApiError::EngineDead => "api_error",
@@ -472,6 +477,12 @@ mod tests {
                 403,
                 "permission_error",
                 "forbidden_origin",
+            ),
+            (
+                ApiError::OperatorOnly,
+                403,
+                "permission_error",
+                "operator_key_required",
             ),
         ];
         for (e, status, anthropic, code) in cases {

@@ -171,6 +171,51 @@ async fn a_divergence_never_shows_another_tenants_prompt() {
     assert_eq!(pc["divergence"]["cached_by"], "a");
 }
 
+/// Named keys are tenants, unnamed keys the operator's: a tenant key gets 403 (a
+/// `permission_error` body) on every route that shows or drops every tenant's cache — the
+/// inspector, the event stream (every stored block's token ids), the stats stream, both resets
+/// — and the operator's key gets them; a tenant key still completes.
+#[tokio::test]
+async fn tenant_keys_cannot_read_or_drop_the_whole_cache() {
+    let h = start(Opts {
+        api_key: Some("alice:ka,bob:kb,op-key".into()),
+        ..Opts::default()
+    });
+    complete(&h, "a", &text(40, 1), &[("authorization", "Bearer ka")]).await;
+    let call = |method: &str, path: &str, key: &str| {
+        Request::builder()
+            .method(method)
+            .uri(path)
+            .header("authorization", format!("Bearer {key}"))
+            .body(Body::empty())
+            .unwrap()
+    };
+    for (method, path) in [
+        ("GET", "/v1/cache"),
+        ("GET", "/v1/cache/events"),
+        ("GET", "/v1/cache/stats/stream"),
+        ("GET", "/v1/cache/requests/a"),
+        ("POST", "/v1/cache/reset"),
+        ("POST", "/reset_prefix_cache"),
+    ] {
+        let resp = h.send(call(method, path, "kb")).await;
+        assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{path}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["type"], "permission_error", "{path}: {v}");
+        assert_eq!(v["error"]["code"], "operator_key_required", "{path}: {v}");
+    }
+    let resp = h.send(call("GET", "/v1/cache/requests/a", "op-key")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let resp = h.send(call("POST", "/v1/cache/reset", "op-key")).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body).unwrap()["reset"],
+        true
+    );
+}
+
 async fn get_json(h: &Harness, path: &str) -> (StatusCode, Value) {
     let (s, t) = h.get(path).await;
     (s, serde_json::from_str(&t).unwrap_or(Value::Null))

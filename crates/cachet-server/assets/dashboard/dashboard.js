@@ -93,7 +93,15 @@
     if (apiKey) hd.Authorization = "Bearer " + apiKey;
     return hd;
   }
-  class Unauthorized extends Error {}
+  // 401: no key or a wrong one; 403: a tenant's (named) key, which the server refuses on the
+  // routes that show every tenant's cache: the page needs an operator key.
+  class Unauthorized extends Error {
+    constructor(status) { super("HTTP " + status); this.status = status; }
+  }
+  function keyProblem(e) {
+    if (e.status === 403) return "a tenant's key: this page needs an operator key";
+    return apiKey ? "wrong API key" : "API key needed";
+  }
   function askForKey() {
     const f = $("keyform");
     f.hidden = false;
@@ -112,7 +120,7 @@
 
   async function getJson(path) {
     const r = await fetch(path, { headers: authHeaders({ Accept: "application/json" }), cache: "no-store" });
-    if (r.status === 401) throw new Unauthorized();
+    if (r.status === 401 || r.status === 403) throw new Unauthorized(r.status);
     if (!r.ok) {
       const e = new Error("HTTP " + r.status);
       e.status = r.status;
@@ -410,7 +418,7 @@
       data = await getJson("/v1/cache/requests/" + encodeURIComponent(id));
     } catch (e) {
       if (seq !== lifeSeq) return;
-      if (e instanceof Unauthorized) { askForKey(); $("life-summary").textContent = "unauthorized"; return; }
+      if (e instanceof Unauthorized) { askForKey(); $("life-summary").textContent = keyProblem(e); return; }
       $("life-summary").textContent = e.status === 404
         ? "This request is no longer in the server's history (--request-history)."
         : "Could not load: " + e.message;
@@ -548,7 +556,7 @@
         setEvStatus("stream ended, reconnecting…");
       } catch (e) {
         if (evController !== my) return;
-        if (e instanceof Unauthorized) { setEvStatus("API key needed"); return; }
+        if (e instanceof Unauthorized) { setEvStatus(keyProblem(e)); return; }
         if (e.status === 404) { setEvStatus("not available on this server"); return; }
         setEvStatus("disconnected, retrying");
       }
@@ -567,7 +575,7 @@
     const r = await fetch(path, {
       headers: authHeaders({ Accept: "text/event-stream" }), cache: "no-store", signal,
     });
-    if (r.status === 401) throw new Unauthorized();
+    if (r.status === 401 || r.status === 403) throw new Unauthorized(r.status);
     if (!r.ok || !r.body) {
       const e = new Error("HTTP " + r.status);
       e.status = r.status;
@@ -628,7 +636,7 @@
       } catch (e) {
         if (controller !== my) return;
         if (e instanceof Unauthorized) {
-          setConn("down", apiKey ? "wrong API key" : "API key needed");
+          setConn("down", keyProblem(e));
           askForKey();
           return;
         }
