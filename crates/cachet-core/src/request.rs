@@ -247,6 +247,21 @@ pub enum InvalidRequest {
 
 /// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] characters from
 /// `[A-Za-z0-9._:-]` (so ids are safe as store keys, log fields and URL path segments).
+/// The engine's key of session `id` of the tenant named `tenant` (an API key's name; `None` or
+/// empty: no name): `NAME/ID`, or `ID` without a name. `/` is in no valid session id, so no
+/// two (tenant, id) pairs share a key ([`session_id_of_key`] gives the id back).
+pub fn session_key(tenant: Option<&str>, id: &str) -> Arc<str> {
+    match tenant.filter(|t| !t.is_empty()) {
+        Some(t) => Arc::from(format!("{t}/{id}")),
+        None => Arc::from(id),
+    }
+}
+
+/// The session id a client gave, from the engine's key ([`session_key`]).
+pub fn session_id_of_key(key: &str) -> &str {
+    key.rsplit_once('/').map_or(key, |(_, id)| id)
+}
+
 pub fn valid_session_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_SESSION_ID_LEN
@@ -310,6 +325,8 @@ impl RequestLimits {
             if !valid_session_id(s) {
                 return Err(InvalidRequest::BadSessionId);
             }
+            // A tenant's sessions are its own: the same id under another key is another session.
+            d.session_id = Some(session_key(d.tenant.as_deref(), s));
         }
         if d.prompt_logprobs.is_some() {
             d.skip_prefix_cache_read = true;
@@ -469,6 +486,33 @@ mod tests {
                 available: 8
             })
         );
+    }
+
+    /// A named tenant's session ids live under its name (ids hold no `/`, so the id after the last
+    /// `/` and the name before it are unambiguous); validation applies it, and the id comes back.
+    #[test]
+    fn session_keys_are_per_tenant() {
+        assert_eq!(&*session_key(Some("alice"), "chat-1"), "alice/chat-1");
+        assert_eq!(&*session_key(None, "chat-1"), "chat-1");
+        assert_eq!(&*session_key(Some(""), "chat-1"), "chat-1");
+        // An unnamed key's session never has the key of a named tenant's: only those hold `/`.
+        assert!(
+            session_key(Some("a"), "b").contains('/') && !session_key(None, "a:b").contains('/')
+        );
+        for k in ["alice/chat-1", "chat-1", "a/b/c"] {
+            assert!(!session_id_of_key(k).contains('/'), "{k}");
+        }
+        assert_eq!(session_id_of_key(&session_key(Some("a/b"), "c:1")), "c:1");
+        let l = limits();
+        let mut d = draft(10, Some(1));
+        d.session_id = Some(Arc::from("s"));
+        d.tenant = Some(Arc::from("bob"));
+        assert_eq!(
+            l.validate(d.clone()).unwrap().session_id().map(|s| &**s),
+            Some("bob/s")
+        );
+        d.tenant = None;
+        assert_eq!(l.validate(d).unwrap().session_id().map(|s| &**s), Some("s"));
     }
 
     #[test]

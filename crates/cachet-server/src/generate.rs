@@ -182,8 +182,8 @@ fn map_invalid(e: InvalidRequest) -> ApiError {
 fn map_add_error(e: AddRequestError) -> ApiError {
     match e {
         AddRequestError::Refused(AddError::QueueFull { .. }) => ApiError::QueueFull,
-        AddRequestError::Refused(AddError::SessionBusy(id)) => {
-            ApiError::SessionBusy(id.to_string())
+        AddRequestError::Refused(AddError::SessionBusy(key)) => {
+            ApiError::SessionBusy(cachet_core::request::session_id_of_key(&key).to_string())
         }
         AddRequestError::NotRunning(EngineState::Dead) => ApiError::EngineDead,
         AddRequestError::NotRunning(_) => ApiError::ShuttingDown,

@@ -144,10 +144,11 @@ pub async fn detokenize(
     Ok(Json(json!({"prompt": text})))
 }
 
-/// `DELETE /v1/sessions/{id}`: closes a session. A turn in flight is aborted (its response ends
-/// with finish reason `abort`), and the parked KV is released (full blocks stay in the prefix
-/// cache). 204 whether or not the session existed (an unknown, closed or expired id is not an
-/// error).
+/// `DELETE /v1/sessions/{id}`: closes a session of the caller's tenant (a named key's sessions
+/// are its own: another key's session with the same id is another session). A turn in flight is
+/// aborted (its response ends with finish reason `abort`), and the parked KV is released (full
+/// blocks stay in the prefix cache). 204 whether or not the session existed (an unknown, closed
+/// or expired id is not an error).
 pub async fn delete_session(
     State(state): State<AppState>,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
@@ -155,7 +156,8 @@ pub async fn delete_session(
     // A path that does not decode (e.g. `%FF`) is an invalid id too, in OpenAI's shape.
     let id = id.map(|Path(id)| id).unwrap_or_default();
     check_session_id(Some(&id))?;
-    state.engine().release_session(&id).await;
+    let key = cachet_core::request::session_key(crate::auth::current_tenant().as_deref(), &id);
+    state.engine().release_session(&key).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

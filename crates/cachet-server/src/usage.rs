@@ -113,7 +113,7 @@ pub fn anthropic_start_usage(
 /// `{"id", "continued", "status": "continued"|"new"|"history_mismatch", "turn"}`.
 pub fn session_json(s: &SessionInfo) -> Value {
     json!({
-        "id": &*s.session_id,
+        "id": cachet_core::request::session_id_of_key(&s.session_id),
         "continued": s.continued(),
         "status": s.status,
         "turn": s.turn,

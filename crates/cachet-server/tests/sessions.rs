@@ -493,3 +493,53 @@ async fn completions_take_a_session_id() {
     assert_eq!(s, StatusCode::BAD_REQUEST, "{v3}");
     assert_eq!(v3["error"]["param"], "session_id", "{v3}");
 }
+
+/// A named key's sessions are its own. alice and bob both use session id "chat": bob's first
+/// turn is a new session of his (turn 1, `new`), not a history mismatch that would release
+/// alice's KV; alice's second turn continues hers (23 tokens retained, as in
+/// `completions_take_a_session_id`); bob closing "chat" closes his, and alice's third turn
+/// still continues; both responses name the session "chat".
+#[tokio::test]
+async fn tenants_sessions_with_one_id_are_apart() {
+    let h = start(Opts {
+        api_key: Some("alice:ka,bob:kb".into()),
+        ..Opts::default()
+    });
+    let body = |prompt: &str| {
+        json!({"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0,
+               "ignore_eos": true, "session_id": "chat"})
+    };
+    let alice = [("authorization", "Bearer ka")];
+    let bob = [("authorization", "Bearer kb")];
+    let p1 = "abcdefghijklmnopqrst";
+    let (s, a1, _) = h.post_with("/v1/completions", body(p1), &alice).await;
+    assert_eq!(s, StatusCode::OK, "{a1}");
+    let (s, b1, _) = h
+        .post_with("/v1/completions", body("zyxwvutsrqponmlkjihg"), &bob)
+        .await;
+    assert_eq!(s, StatusCode::OK, "{b1}");
+    assert_eq!(
+        b1["session"],
+        json!({"id": "chat", "continued": false, "status": "new", "turn": 1})
+    );
+    let text1 = a1["choices"][0]["text"].as_str().unwrap().to_string();
+    let p2 = format!("{p1}{text1}0123456789");
+    let (s, a2, _) = h.post_with("/v1/completions", body(&p2), &alice).await;
+    assert_eq!(s, StatusCode::OK, "{a2}");
+    assert_eq!(usage3(&a2), (34, 23, 9), "{a2}");
+    assert_eq!(
+        a2["session"],
+        json!({"id": "chat", "continued": true, "status": "continued", "turn": 2})
+    );
+    let del = Request::delete("/v1/sessions/chat")
+        .header("authorization", "Bearer kb")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(h.send(del).await.status(), StatusCode::NO_CONTENT);
+    let text2 = a2["choices"][0]["text"].as_str().unwrap().to_string();
+    let p3 = format!("{p2}{text2}!");
+    let (s, a3, _) = h.post_with("/v1/completions", body(&p3), &alice).await;
+    assert_eq!(s, StatusCode::OK, "{a3}");
+    assert_eq!(a3["session"]["status"], "continued", "{a3}");
+    assert_eq!(a3["session"]["turn"], 3, "{a3}");
+}
