@@ -245,8 +245,6 @@ pub enum InvalidRequest {
     NWithSession,
 }
 
-/// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] characters from
-/// `[A-Za-z0-9._:-]` (so ids are safe as store keys, log fields and URL path segments).
 /// The engine's key of session `id` of the tenant named `tenant` (an API key's name; `None` or
 /// empty: no name): `NAME/ID`, or `ID` without a name. `/` is in no valid session id, so no
 /// two (tenant, id) pairs share a key ([`session_id_of_key`] gives the id back).
@@ -262,6 +260,8 @@ pub fn session_id_of_key(key: &str) -> &str {
     key.rsplit_once('/').map_or(key, |(_, id)| id)
 }
 
+/// Whether `id` is an acceptable session id: 1 to [`MAX_SESSION_ID_LEN`] characters from
+/// `[A-Za-z0-9._:-]` (so ids are safe as store keys, log fields and URL path segments).
 pub fn valid_session_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_SESSION_ID_LEN
