@@ -617,9 +617,6 @@ mod tests {
     use super::*;
     use half::f16;
 
-    /// The few-token tile path gives [`paged_attention`]'s bits whether its kv groups go in one
-    /// round or one at a time (the memory bound `MAX_PARTS` makes rounds only for large models
-    /// at long contexts, too slow for a test; here the bound is lowered).
     /// The runs of segments a parallel call hands out cover every segment exactly once, in
     /// order, none empty, and at most one segment apart in length.
     #[test]
@@ -637,6 +634,9 @@ mod tests {
         }
     }
 
+    /// The few-token tile path gives [`paged_attention`]'s bits whether its kv groups go in one
+    /// round or one at a time, on 2 and 3 threads (the memory bound `MAX_PARTS` makes rounds
+    /// only for large models at long contexts, too slow for a test; here the bound is lowered).
     #[test]
     fn tile_segments_in_rounds_equal_the_sequential_tile() {
         for threads in [2, 3] {

@@ -77,9 +77,10 @@ pub(crate) const MR_512: usize = 8;
 /// set (`MODEL=… examples/perf`, 2 threads, interleaved rounds) m = 16 15.8–17.9 → 14.3–15.5
 /// ms, m = 32 29.3–33.3 → 27.5–29.7, m = 512 430–433 → 416–422, m = 5, 6 and 8 inside the
 /// noise; single 4-bit matrices at m = 6 5–10 % faster, at m = 16 the same (one thread, in
-/// cache); `cachet bench kernel` decode batch 16 +5 % (3 of 3 pairs). Q8_0 (two `vpmaddubsw` per code) was 6–11 % slower at
-/// m = 16 and Q6_K 3 %, and the AVX-VNNI kernel 5 % slower at m = 32: they keep 4 rows, as do
-/// other vendors' CPUs until measured (the AVX-512 precedent of [`MR_512`]).
+/// cache); `cachet bench kernel` decode batch 16 +5 % (3 of 3 pairs). Q8_0 (two `vpmaddubsw`
+/// per code) was 6–11 % slower at m = 16 (and no faster at m = 5 and 6: its per-row work
+/// bounds it) and Q6_K 3 %, and the AVX-VNNI kernel 5 % slower at m = 32: they keep 4 rows, as
+/// do other vendors' CPUs until measured (the AVX-512 precedent of [`MR_512`]).
 pub(crate) const MR_AVX2: usize = 6;
 
 /// Activation rows per tile for format `fmt` on `isa` (on this CPU).
