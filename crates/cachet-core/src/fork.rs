@@ -67,6 +67,7 @@ impl<O: Observer> Scheduler<O> {
             self.obs.observe(Effect::Forked {
                 parent,
                 child: slot,
+                seq: child.seq,
                 now,
                 kv: &self.fx,
                 blocks: &child.kv.blocks,

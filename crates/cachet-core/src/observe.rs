@@ -115,6 +115,8 @@ pub enum Effect<'a> {
     Forked {
         parent: u32,
         child: u32,
+        /// The child's sequence number (1 to n - 1; the parent is sequence 0).
+        seq: u32,
         now: f64,
         /// The block the child got for its copy of the partial last block, if any.
         kv: &'a KvEffects,

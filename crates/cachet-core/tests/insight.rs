@@ -478,3 +478,51 @@ fn under_concurrency_the_shadow_estimate_stays_close() {
         }
     }
 }
+
+/// n = 3 (B = 16): a 40-token prompt, 10 tokens each. Sequence 0 computes the prompt (blocks
+/// 0-2, fills 0 and 1); at the fork sequences 1 and 2 each get a block for their copy of the
+/// partial block 2. Every sequence then writes its own tokens into its block 2 (they differ from
+/// position 40 on: the fork draws 7, 8, 9), which fills at position 47 (a new entry each), and
+/// the KV of position 48 takes a block 3 each. The lifecycle joins the three sequences, each
+/// event naming its sequence, so a reader can tell whose `allocated 2` is whose.
+#[test]
+fn each_sequence_names_its_block_events() {
+    use BlockEventKind::{Allocated as A, Filled as F};
+    let mut c = full(64);
+    let mut d = req("n3", toks(100, 40), 10);
+    d.n = 3;
+    c.add(d).unwrap();
+    let fin = c.run();
+    assert_eq!(fin.len(), 3);
+    let l = c.s.observer().lifecycle("n3").unwrap();
+    let got: Vec<_> = l
+        .blocks
+        .iter()
+        .map(|e| (e.seq, e.event, e.index, e.new_entry))
+        .collect();
+    let mut want = vec![
+        (Some(0), A, Some(0), false),
+        (Some(0), A, Some(1), false),
+        (Some(0), A, Some(2), false),
+        (Some(0), F, Some(0), true),
+        (Some(0), F, Some(1), true),
+        (Some(0), F, Some(2), true),
+        (Some(0), A, Some(3), false),
+    ];
+    for s in [1, 2] {
+        want.extend([
+            (Some(s), A, Some(2), false),
+            (Some(s), F, Some(2), true),
+            (Some(s), A, Some(3), false),
+        ]);
+    }
+    assert_eq!(got, want);
+    assert_eq!((l.prompt_tokens, l.generation_tokens), (40, 30));
+    // A single sequence's events name none.
+    run_one(&mut c, req("one", toks(500, 20), 1));
+    let one = c.s.observer().lifecycle("one").unwrap();
+    assert!(!one.blocks.is_empty());
+    assert!(one.blocks.iter().all(|e| e.seq.is_none()));
+    let json = serde_json::to_value(&one.blocks[0]).unwrap();
+    assert!(json.get("seq").is_none());
+}

@@ -88,6 +88,7 @@ pub async fn request(State(state): State<AppState>, Path(id): Path<String>) -> R
                 "event": e.event,
                 "new_entry": e.new_entry,
                 "owner": e.owner.as_deref(),
+                "seq": e.seq,
             })
         })
         .collect();

@@ -284,6 +284,49 @@ async fn the_inspector_after_a_known_workload() {
 }
 
 /// The stream's first snapshot: the totals, miss reasons, what-if and last requests.
+/// n = 2 with a prompt that ends inside a block: sequence 0 computes the prompt, sequence 1
+/// gets a block for its copy of the partial last block at the fork; the lifecycle names each
+/// event's sequence.
+#[tokio::test]
+async fn a_lifecycle_names_each_events_sequence() {
+    let h = start(Opts::default());
+    let p = text(40, 9);
+    let n = h.tokenize_prompt(&p).await;
+    assert!(n % BLOCK != 0 && n % BLOCK < BLOCK - 2, "{n}");
+    let (s, v, _) = h
+        .post_with(
+            "/v1/completions",
+            json!({"model": MODEL, "prompt": p, "max_tokens": 2, "n": 2}),
+            &[("x-request-id", "pair")],
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2));
+    h.wait_metrics("idle", |s| s.val("vllm:num_requests_running") == 0)
+        .await;
+    let (s, l) = get_json(&h, "/v1/cache/requests/pair").await;
+    assert_eq!(s, StatusCode::OK, "{l}");
+    let events: Vec<(u64, String, u64)> = l["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["event"].as_str().unwrap().to_string(),
+                e["index"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    let (full, blocks) = ((n / BLOCK) as u64, n.div_ceil(BLOCK) as u64);
+    let mut want: Vec<(u64, String, u64)> =
+        (0..blocks).map(|i| (0, "allocated".into(), i)).collect();
+    want.extend((0..full).map(|i| (0, "filled".into(), i)));
+    want.push((1, "allocated".into(), full));
+    assert_eq!(events, want);
+    assert_eq!(l["generation_tokens"], 4);
+}
+
 #[tokio::test]
 async fn the_stats_stream_sends_snapshots() {
     let h = start(Opts::default());

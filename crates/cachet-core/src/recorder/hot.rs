@@ -170,6 +170,7 @@ mod tests {
             hash,
             new_entry,
             owner: None,
+            seq: None,
         };
         assert_eq!(
             v,

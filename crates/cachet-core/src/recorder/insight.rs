@@ -730,8 +730,10 @@ impl Insight {
         prompt_tokens: u64,
         generation_tokens: u64,
         stats: Option<PrefillStats>,
-        primary: bool,
+        seq: u32,
     ) {
+        // Sequence 0 is the request itself: its prompt, stats and finish reason.
+        let primary = seq == 0;
         // Its own queued fills join its lifecycle now; the rest stay queued (the requests
         // that end in a step would otherwise cut its batch into pieces too short to prefetch).
         if self
@@ -798,6 +800,7 @@ impl Insight {
                 events.truncate(room);
             }
             h.owners.extend(owners_of(&events));
+            h.runs.push((seq, expanded_len(&h.events) as u32));
             h.events.extend_from_slice(&events);
             h.generation_tokens += generation_tokens;
             if primary {
@@ -822,6 +825,11 @@ impl Insight {
             prompt_tokens,
             generation_tokens,
             prefill_stats: stats,
+            runs: if ri.shared {
+                vec![(seq, 0)]
+            } else {
+                Vec::new()
+            },
             events,
             owners: hot.owners,
             dropped: u64::from(hot.dropped),
@@ -847,6 +855,14 @@ impl Insight {
                 let mut v = Vec::with_capacity(expanded_len(&h.events));
                 for r in &h.events {
                     r.expand(|e| v.push(e.event(creators)));
+                }
+                // Each sequence's events follow its start (n > 1).
+                let n = v.len();
+                for (k, &(seq, start)) in h.runs.iter().enumerate() {
+                    let end = h.runs.get(k + 1).map_or(n, |r| r.1 as usize).min(n);
+                    for e in &mut v[(start as usize).min(end)..end] {
+                        e.seq = Some(seq);
+                    }
                 }
                 v
             },

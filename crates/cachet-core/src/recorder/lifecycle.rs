@@ -45,6 +45,10 @@ pub struct BlockEvent {
     /// `evicted`: the request that had created the dropped entry.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<Arc<str>>,
+    /// A request with several sequences (n > 1): the sequence the event happened for, 0 to
+    /// n - 1 (the prompt's blocks are sequence 0's, which computed them for all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u32>,
 }
 
 /// Most lifecycle entries kept per request (a long generation fills a block every `B` tokens).
@@ -213,6 +217,7 @@ impl Ev {
             owner: (self.owner != NONE)
                 .then(|| creators.and_then(|c| c.label(self.owner)))
                 .flatten(),
+            seq: None,
         }
     }
 }
@@ -240,6 +245,10 @@ pub(super) struct Kept {
     pub(super) prompt_tokens: u64,
     pub(super) generation_tokens: u64,
     pub(super) prefill_stats: Option<PrefillStats>,
+    /// A request with several sequences (n > 1): each sequence's number and the position of its
+    /// first event (counted as expanded events, which cutting merged records keeps), in the
+    /// order the sequences ended. Empty for a single sequence.
+    pub(super) runs: Vec<(u32, u32)>,
     pub(super) events: Vec<Ev>,
     /// The owners its events hold (read when it is dropped, instead of its events).
     pub(super) owners: Vec<u32>,

@@ -127,8 +127,9 @@ struct Record {
     external: ExternalSources,
     cache_salt: Option<String>,
     adapter: Option<String>,
-    /// A sequence forked from another request's (n > 1): no prompt of its own.
-    child: bool,
+    /// The request's sequence number (n > 1): 0 for the request itself, 1 to n - 1 for the
+    /// sequences forked from it (no prompt of their own).
+    seq: u32,
     ins: RequestInsight,
 }
 
@@ -465,7 +466,7 @@ impl Recorder {
                     external: ExternalSources::default(),
                     cache_salt: cache_salt.map(str::to_string),
                     adapter: adapter.map(str::to_string),
-                    child: false,
+                    seq: 0,
                     ins,
                 });
             }
@@ -724,7 +725,7 @@ impl Recorder {
                     r.prompt_len as u64,
                     generation_tokens as u64,
                     prefill_stats,
-                    !r.child,
+                    r.seq,
                 );
                 self.push_report(
                     slot,
@@ -741,6 +742,7 @@ impl Recorder {
             Effect::Forked {
                 parent,
                 child,
+                seq,
                 now,
                 kv,
                 blocks,
@@ -776,7 +778,7 @@ impl Recorder {
                     external: ExternalSources::default(),
                     cache_salt: p.cache_salt.clone(),
                     adapter: p.adapter.clone(),
-                    child: true,
+                    seq,
                     ins: RequestInsight::default(),
                 };
                 let tenant = p.ins.tenant;

@@ -448,10 +448,13 @@
     const strip = $("life-strip");
     strip.setAttribute("aria-label", "Block lifecycle: " + (summary.join(", ") || "no blocks"));
     replaceKids(strip, blocks.map((b) => h("span", { class: "e-" + String(b.event).replace(/[^a-z]/g, ""),
-      title: "block " + b.index + ": " + b.event + (b.owner ? " (entry of " + b.owner + ")" : "") })));
+      title: (b.seq == null ? "" : "sequence " + b.seq + ", ") + "block " + b.index + ": " + b.event +
+        (b.owner ? " (entry of " + b.owner + ")" : "") })));
+    // A request with n > 1 sequences: each event names its sequence.
+    const seqOf = (b) => (b.seq == null ? "" : " (seq " + b.seq + ")");
     replaceKids($("life-blocks"), blocks.map((b) => h("tr", { "data-event": String(b.event) },
       h("td", { class: "num" }, fmtInt(b.index)),
-      h("td", null, String(b.event) + (b.new_entry ? " (new entry)" : "")),
+      h("td", null, String(b.event) + (b.new_entry ? " (new entry)" : "") + seqOf(b)),
       h("td", { class: "mono", title: b.hash == null ? "" : String(b.hash) }, fmtHash(b.hash)),
       h("td", { class: "mono" }, b.owner == null ? "" : String(b.owner)))));
     const fields = [];
