@@ -43,6 +43,11 @@ pub struct SamplingParams {
     /// the executor interprets; the scheduler never reads it.
     #[serde(skip)]
     pub constraint: Option<Constraint>,
+    /// Stop strings, checked on every generated token so a request ends at the token that
+    /// completes one (reason `stop`), whatever the batch, the step timing or speculation; the
+    /// text side still cuts the string from the text.
+    #[serde(skip)]
+    pub stop_strings: Option<StopCheck>,
 }
 
 /// A per-request rule on which tokens may come next, consulted by the executor's sampler: it
@@ -86,6 +91,30 @@ impl PartialEq for Constraint {
     }
 }
 
+/// A request's stop strings over its generated tokens (the text side implements it on the
+/// tokens' bytes). Pure: the answer depends on `output` alone.
+pub trait StopStrings: Send + Sync + std::fmt::Debug {
+    /// Whether the last token of `output` (the tokens generated so far, that token included)
+    /// completes a stop string: an occurrence that ends within that token's text.
+    fn ends_in_stop(&self, output: &[TokenId]) -> bool;
+}
+
+/// A shared handle on a request's [`StopStrings`]. Equal only to itself (by pointer).
+#[derive(Clone, Debug)]
+pub struct StopCheck(pub Arc<dyn StopStrings>);
+
+impl StopCheck {
+    pub fn new(s: impl StopStrings + 'static) -> Self {
+        StopCheck(Arc::new(s))
+    }
+}
+
+impl PartialEq for StopCheck {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
 impl Default for SamplingParams {
     fn default() -> Self {
         SamplingParams {
@@ -104,6 +133,7 @@ impl Default for SamplingParams {
             logprobs: None,
             logit_bias: Vec::new(),
             constraint: None,
+            stop_strings: None,
         }
     }
 }

@@ -235,6 +235,15 @@ impl<O: Observer> Scheduler<O> {
         if past_min && p.stop_token_ids.contains(&token) {
             return Some(FinishReason::Stop);
         }
+        // Stop strings count from the first token, as the text side cuts them (`min_tokens`
+        // holds back EOS and stop tokens only).
+        if let Some(s) = &p.stop_strings {
+            if s.0
+                .ends_in_stop(&r.tokens[r.prompt_len.min(r.tokens.len())..])
+            {
+                return Some(FinishReason::Stop);
+            }
+        }
         if out_len >= p.max_tokens as usize || r.tokens.len() >= self.cfg.max_model_len {
             return Some(FinishReason::Length);
         }

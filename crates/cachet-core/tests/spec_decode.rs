@@ -298,6 +298,35 @@ fn a_stop_token_among_accepted_drafts_ends_the_request_there() {
     assert_eq!(on.s.observer().totals(), off.s.observer().totals());
 }
 
+/// A stop "string" as the text side's check sees it: the output ends in `tail`.
+#[derive(Debug)]
+struct EndsWith(Vec<u32>);
+
+impl cachet_core::request::StopStrings for EndsWith {
+    fn ends_in_stop(&self, output: &[u32]) -> bool {
+        output.ends_with(&self.0)
+    }
+}
+
+#[test]
+fn a_stop_string_completed_among_accepted_drafts_ends_the_request_there() {
+    // The stop string is the text of [5, 6]: drafts [5, 6, 7] at step 3 are all accepted, 6
+    // completes it, and 7 and the token after it are dropped, as plain decoding ends: same
+    // output, generation tokens and cache stats, whatever the speculation.
+    let mut d = draft("a", &PROMPT, 10);
+    d.sampling.stop_strings = Some(cachet_core::request::StopCheck::new(EndsWith(vec![5, 6])));
+    let on = run(config(spec3()), d.clone(), &COPY);
+    assert_eq!(on.output, vec![2, 3, 4, 5, 6]);
+    assert_eq!(on.finish, Some(FinishReason::Stop));
+    assert_eq!(chunk(&on.plans[2]).drafts, 3);
+    let off = run(config(None), d, &COPY);
+    assert_eq!(off.output, on.output);
+    assert_eq!(off.finish, on.finish);
+    assert_eq!(on.stats, off.stats);
+    assert_eq!(on.s.observer().totals(), off.s.observer().totals());
+    assert_eq!(on.s.observer().totals().generation_tokens, 5);
+}
+
 #[test]
 fn no_drafts_for_constrained_forked_or_prompt_logprob_requests_in_prefill() {
     // n = 2: the first step forks; afterwards both sequences may speculate (one sequence

@@ -232,6 +232,18 @@ fn spm_llama_vocab_from_gguf() {
     let mut d = IncrementalDetokenizer::new(&t as &dyn TextTokenizer, false);
     assert_eq!(d.push(&words[..1]).expect("push"), "hello");
     assert_eq!(d.push(&words[1..]).expect("push"), " world");
+    // The engine's stop strings see the text the detokenizer gives: no leading space.
+    let vocab = std::sync::Arc::new(cachet_text::TokenBytes::new(&t));
+    let stops = |list: &[&str]| {
+        let list: Vec<String> = list.iter().map(|s| s.to_string()).collect();
+        cachet_text::TokenStops::new(&list, vocab.clone(), true, &[])
+            .expect("stops")
+            .expect("some")
+    };
+    assert!(stops(&["hello"]).ends_in_stop(&words[..1]));
+    assert!(!stops(&[" hello"]).ends_in_stop(&words[..1]));
+    assert!(stops(&["o w"]).ends_in_stop(&words));
+    assert!(stops(&[" world"]).ends_in_stop(&words));
     let _ = std::fs::remove_file(&path);
 }
 

@@ -99,7 +99,10 @@ macro_rules! common {
             yes("presence_penalty", "[-2, 2]"),
             yes("logit_bias", "token-id keys, values in [-100, 100]"),
             yes("seed", "same seed, same output, whatever the batch"),
-            yes("stop", "up to 64 strings"),
+            yes(
+                "stop",
+                "up to 64 strings; the request ends at the token that completes one (usage counts it, not what follows)",
+            ),
             yes(
                 "n",
                 "up to 64 choices from one prefill (not with a grammar or a session)",
@@ -224,7 +227,10 @@ pub const MESSAGES: &[Field] = &[
     yes("messages", "text, tool_use and tool_result blocks"),
     yes("max_tokens", "required"),
     yes("system", "a string or text blocks"),
-    yes("stop_sequences", "up to 64"),
+    yes(
+        "stop_sequences",
+        "up to 64; the request ends at the token that completes one",
+    ),
     yes("stream", "SSE, Anthropic's events"),
     yes("temperature", "[0, 1]"),
     yes("top_p", "(0, 1]"),

@@ -5,13 +5,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
-use cachet_core::request::InvalidRequest;
+use cachet_core::request::{InvalidRequest, StopCheck, StopStrings};
 use cachet_core::stats::SpecDecodeCounts;
 use cachet_core::{FinishReason, Report, RequestDraft, Sampled, SessionInfo};
 use cachet_engine::{
     AddError, AddRequestError, EngineFailure, EngineState, RequestHandle, RequestStream,
 };
-use cachet_text::{IncrementalDetokenizer, StopMatcher};
+use cachet_text::{IncrementalDetokenizer, StopMatcher, TokenStops};
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -130,6 +130,16 @@ pub enum GenEvent {
     Done(Box<Final>),
 }
 
+/// A request's stop strings as the engine checks them.
+#[derive(Debug)]
+struct EngineStops(TokenStops);
+
+impl StopStrings for EngineStops {
+    fn ends_in_stop(&self, output: &[u32]) -> bool {
+        self.0.ends_in_stop(output)
+    }
+}
+
 /// A running request. Dropping it drops the engine stream, which aborts the request.
 pub struct Generation {
     state: AppState,
@@ -237,6 +247,17 @@ impl Generation {
         }
         let engine = state.engine();
         let mut draft = draft;
+        // The engine ends the request at the token that completes a stop string (its count,
+        // KV and counters are those of the text returned, with or without speculation); the
+        // matchers above cut the text.
+        draft.sampling.stop_strings = TokenStops::new(
+            &stop,
+            Arc::clone(state.token_bytes()),
+            skip_special_tokens,
+            drop_ids.as_deref().unwrap_or_default(),
+        )
+        .map_err(|e| ApiError::bad_param("stop", e.to_string()))?
+        .map(|s| StopCheck::new(EngineStops(s)));
         if draft.tenant.is_none() {
             draft.tenant = crate::auth::current_tenant();
         }

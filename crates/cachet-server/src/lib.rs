@@ -71,6 +71,8 @@ use generate::REQUEST_ID_HEADER;
 struct StateInner {
     engine: EngineHandle,
     tokenizer: Arc<dyn TextTokenizer>,
+    /// Every token's bytes, for the engine's stop-string checks.
+    token_bytes: Arc<cachet_text::TokenBytes>,
     event_log: Option<cache_routes::EventLogHandle>,
     agent: agent::Agent,
     metrics: MetricsHandle,
@@ -108,6 +110,7 @@ impl AppState {
         AppState {
             inner: Arc::new(StateInner {
                 engine,
+                token_bytes: Arc::new(cachet_text::TokenBytes::new(tokenizer.as_ref())),
                 tokenizer,
                 event_log: args.event_log.clone(),
                 agent,
@@ -131,6 +134,11 @@ impl AppState {
 
     pub fn tokenizer(&self) -> &Arc<dyn TextTokenizer> {
         &self.inner.tokenizer
+    }
+
+    /// Every token's bytes (built once), for the engine's stop-string checks.
+    pub fn token_bytes(&self) -> &Arc<cachet_text::TokenBytes> {
+        &self.inner.token_bytes
     }
 
     /// The KV cache events log behind `GET /v1/cache/events`, when the engine publishes to it.

@@ -223,6 +223,8 @@ pub fn build_sampling(
         logprobs: input.logprobs,
         logit_bias,
         constraint: None,
+        // Set where the stop strings and the text options meet (`Generation::start_with`).
+        stop_strings: None,
     };
     Ok((params, input.max_tokens))
 }

@@ -328,17 +328,22 @@ async fn stop_strings_non_streaming_and_streaming() {
     assert_eq!(v["choices"][0]["text"], expected);
     assert_eq!(v["choices"][0]["finish_reason"], "stop");
     assert_eq!(v["choices"][0]["stop_reason"], stop.as_str());
+    // One byte, one token: the request ended at the token that completed the stop string
+    // (the engine checks it), not a step later.
+    let through_stop = (expected.len() + stop.len()) as u64;
+    assert_eq!(v["usage"]["completion_tokens"], through_stop, "{v}");
 
     // Streaming: the concatenation equals the non-streaming text and no chunk leaks the stop.
     let (_, events, _) = h
         .stream(
             "/v1/completions",
-            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": ["zzzz-never", stop], "stream": true}),
+            json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": ["zzzz-never", stop], "stream": true, "stream_options": {"include_usage": true}}),
         )
         .await;
     let mut text = String::new();
     let mut finish = Value::Null;
-    for (_, d) in &events[..events.len() - 1] {
+    // The last event is `[DONE]`, the one before it the usage chunk (no choices).
+    for (_, d) in &events[..events.len() - 2] {
         let c: Value = serde_json::from_str(d).unwrap();
         let piece = c["choices"][0]["text"].as_str().unwrap();
         assert!(!piece.contains(&stop));
@@ -349,6 +354,9 @@ async fn stop_strings_non_streaming_and_streaming() {
     }
     assert_eq!(text, expected);
     assert_eq!(finish, "stop");
+    assert_eq!(events[events.len() - 1].1, "[DONE]");
+    let usage: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], through_stop, "{usage}");
 
     // Anthropic stop_sequences.
     let (_, chat_full, _) = h.post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "temperature": 0, "ignore_eos": true})).await;
@@ -365,6 +373,11 @@ async fn stop_strings_non_streaming_and_streaming() {
     assert_eq!(v["stop_reason"], "stop_sequence");
     assert_eq!(v["stop_sequence"], stop.as_str());
     assert_eq!(v["content"][0]["text"], expected);
+    assert_eq!(
+        v["usage"]["output_tokens"],
+        (expected.len() + stop.len()) as u64,
+        "{v}"
+    );
 
     // The engine finished the request: nothing left running.
     h.wait_metrics("no running requests", |m| {

@@ -12,13 +12,15 @@
 //! * [`IncrementalDetokenizer`]: token ids to text deltas that never split a character, at a
 //!   cost per token that does not grow with the output ([`detok`]).
 //! * [`StopMatcher`]: stop strings over a stream of deltas on one Aho-Corasick automaton, with
-//!   documented limits ([`stop`]).
+//!   documented limits ([`stop`]); [`TokenStops`]: the same strings on token ids, for the
+//!   engine to end a request at the token that completes one ([`token_stop`]).
 
 pub mod byte;
 pub mod detok;
 pub mod message;
 pub mod stop;
 pub mod template;
+pub mod token_stop;
 pub mod tokenizer;
 pub mod tools;
 
@@ -33,5 +35,6 @@ pub use template::{
     ChatRequest, ChatTemplate, TemplateCaps, TemplateError, CHATML_TEMPLATE, MAX_RENDERED_BYTES,
     MAX_TEMPLATE_BYTES, TEMPLATE_FUEL, TEMPLATE_RECURSION_LIMIT,
 };
+pub use token_stop::{TokenBytes, TokenStops};
 pub use tokenizer::{TextTokenizer, TokenizerError};
 pub use tools::{parse_tool_calls, ParsedCall, ToolCallParser, ToolEvent, ToolFormat};
