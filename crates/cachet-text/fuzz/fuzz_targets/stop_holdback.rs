@@ -1,11 +1,14 @@
 //! Stop strings over a stream of deltas: the automaton-based matcher must equal the naive
 //! reference push for push, never hold back as much as a whole stop string, and never emit a
-//! stop string.
+//! stop string; and the engine's check on token bytes (`TokenStops`, one byte one token) must
+//! fire first at a byte of the piece the matcher matched in, and never when it did not match.
 //!
 //! Input: `stops (0xFE-separated) 0xFF piece 0xFF piece ...`.
 #![no_main]
 
-use cachet_text::{StopMatcher, MAX_STOP_BYTES};
+use std::sync::Arc;
+
+use cachet_text::{ByteTokenizer, StopMatcher, TokenBytes, TokenStops, MAX_STOP_BYTES};
 use cachet_text_fuzz::{split, text, NaiveStops, SEP, SUB};
 use libfuzzer_sys::fuzz_target;
 
@@ -16,11 +19,24 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let mut slow = NaiveStops::new(&stops);
+    let vocab = Arc::new(TokenBytes::new(&ByteTokenizer));
+    let tokens = TokenStops::new(&stops, vocab, true, &[]).expect("valid stops");
+    let mut ids: Vec<u32> = Vec::new();
+    let mut fired = false;
     let mut whole = String::new();
     let mut out = String::new();
     for piece in segs.iter().skip(1).map(|p| text(p)) {
         whole.push_str(&piece);
+        let mut fired_here = false;
+        for b in piece.bytes() {
+            ids.push(u32::from(b) + ByteTokenizer::OFFSET);
+            if !fired && tokens.as_ref().is_some_and(|t| t.ends_in_stop(&ids)) {
+                fired = true;
+                fired_here = true;
+            }
+        }
         let (a, b) = (fast.push(&piece), slow.push(&piece));
+        assert_eq!(a.matched.is_some(), fired_here, "stops {stops:?} piece {piece:?}");
         assert_eq!(a, b, "stops {stops:?}");
         assert!(fast.held() < MAX_STOP_BYTES);
         out.push_str(&a.emit);
