@@ -82,11 +82,13 @@ impl TokenStops {
         let Some(longest) = pats.iter().map(|p| p.len()).max() else {
             return Ok(None);
         };
+        // A contiguous NFA, as the text matcher's: its size follows the patterns' bytes (at
+        // most MAX_STOP_TOTAL_BYTES), where a DFA's would be that times the byte classes, per
+        // request; the window it scans per token is short.
         let ac = AhoCorasick::builder()
             .match_kind(MatchKind::Standard)
-            .kind(Some(AhoCorasickKind::DFA))
+            .kind(Some(AhoCorasickKind::ContiguousNFA))
             .build(&pats)
-            .or_else(|_| AhoCorasick::builder().build(&pats))
             .map_err(|e| StopError::Build(e.to_string()))?;
         let mut silent = silent.to_vec();
         silent.sort_unstable();
