@@ -67,27 +67,37 @@ pub trait TokenConstraint: Send + Sync + std::fmt::Debug {
     fn accept(&self, token: TokenId);
 }
 
-/// A shared handle on a request's [`TokenConstraint`]. Equal only to itself (by pointer).
-#[derive(Clone, Debug)]
-pub struct Constraint(pub Arc<dyn TokenConstraint>);
+/// A shared handle on one request's rule (a [`TokenConstraint`], [`StopStrings`]): plain data
+/// to the scheduler's types, equal only to itself (by pointer).
+#[derive(Debug)]
+pub struct Shared<T: ?Sized>(pub Arc<T>);
 
-impl Constraint {
-    pub fn new(c: impl TokenConstraint + 'static) -> Self {
-        Constraint(Arc::new(c))
+impl<T: ?Sized> Clone for Shared<T> {
+    fn clone(&self) -> Self {
+        Shared(Arc::clone(&self.0))
     }
 }
 
-impl std::ops::Deref for Constraint {
-    type Target = dyn TokenConstraint;
+impl<T: ?Sized> std::ops::Deref for Shared<T> {
+    type Target = T;
 
-    fn deref(&self) -> &Self::Target {
-        &*self.0
+    fn deref(&self) -> &T {
+        &self.0
     }
 }
 
-impl PartialEq for Constraint {
+impl<T: ?Sized> PartialEq for Shared<T> {
     fn eq(&self, other: &Self) -> bool {
         Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+/// A request's [`TokenConstraint`].
+pub type Constraint = Shared<dyn TokenConstraint>;
+
+impl Shared<dyn TokenConstraint> {
+    pub fn new(c: impl TokenConstraint + 'static) -> Self {
+        Shared(Arc::new(c))
     }
 }
 
@@ -99,19 +109,12 @@ pub trait StopStrings: Send + Sync + std::fmt::Debug {
     fn ends_in_stop(&self, output: &[TokenId]) -> bool;
 }
 
-/// A shared handle on a request's [`StopStrings`]. Equal only to itself (by pointer).
-#[derive(Clone, Debug)]
-pub struct StopCheck(pub Arc<dyn StopStrings>);
+/// A request's [`StopStrings`].
+pub type StopCheck = Shared<dyn StopStrings>;
 
-impl StopCheck {
+impl Shared<dyn StopStrings> {
     pub fn new(s: impl StopStrings + 'static) -> Self {
-        StopCheck(Arc::new(s))
-    }
-}
-
-impl PartialEq for StopCheck {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
+        Shared(Arc::new(s))
     }
 }
 

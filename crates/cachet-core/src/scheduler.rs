@@ -376,11 +376,8 @@ impl<O: Observer> Scheduler<O> {
 
     /// Drop every cache entry; only while no request holds a block.
     pub fn reset_prefix_cache(&mut self) -> bool {
-        let pool = self.kv.pool();
-        if pool.num_free() != pool.num_blocks() {
-            return false;
-        }
-        let dropped = pool.cached_in_queue_order();
+        // Listed before the reset (which the pool refuses while a block is in use).
+        let dropped = self.kv.pool().cached_in_queue_order();
         let done = self.kv.reset_prefix_cache();
         if done {
             self.obs.observe(Effect::CacheReset { dropped: &dropped });

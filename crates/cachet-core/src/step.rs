@@ -238,9 +238,7 @@ impl<O: Observer> Scheduler<O> {
         // Stop strings count from the first token, as the text side cuts them (`min_tokens`
         // holds back EOS and stop tokens only).
         if let Some(s) = &p.stop_strings {
-            if s.0
-                .ends_in_stop(&r.tokens[r.prompt_len.min(r.tokens.len())..])
-            {
+            if s.ends_in_stop(&r.tokens[r.prompt_len.min(r.tokens.len())..]) {
                 return Some(FinishReason::Stop);
             }
         }

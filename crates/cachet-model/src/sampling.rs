@@ -409,7 +409,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
 
-    use cachet_core::request::{Constraint, TokenConstraint};
+    use cachet_core::request::{Shared, TokenConstraint};
 
     use super::*;
 
@@ -455,7 +455,7 @@ mod tests {
             ..Default::default()
         });
         let p = SamplingParams {
-            constraint: Some(Constraint(only.clone())),
+            constraint: Some(Shared(only.clone())),
             ..SamplingParams::greedy(4)
         };
         (p, only)

@@ -800,7 +800,7 @@ impl Insight {
                 events.truncate(room);
             }
             h.owners.extend(owners_of(&events));
-            h.runs.push((seq, expanded_len(&h.events) as u32));
+            h.runs.push((seq, kept as u32));
             h.events.extend_from_slice(&events);
             h.generation_tokens += generation_tokens;
             if primary {
