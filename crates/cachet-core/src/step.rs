@@ -235,9 +235,14 @@ impl<O: Observer> Scheduler<O> {
         if past_min && p.stop_token_ids.contains(&token) {
             return Some(FinishReason::Stop);
         }
-        // Stop strings count from the first token, as the text side cuts them (`min_tokens`
-        // holds back EOS and stop tokens only).
-        if let Some(s) = &p.stop_strings {
+        // A stop string ends the request only at a token after the first `min_tokens` (as
+        // vLLM's detokenizer checks them, and as the server's text side cuts them); one that
+        // ends earlier never does, though one that began there may end later.
+        if let Some(s) = p
+            .stop_strings
+            .as_ref()
+            .filter(|_| out_len > p.min_tokens as usize)
+        {
             if s.ends_in_stop(&r.tokens[r.prompt_len.min(r.tokens.len())..]) {
                 return Some(FinishReason::Stop);
             }

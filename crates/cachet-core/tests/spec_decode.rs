@@ -327,6 +327,70 @@ fn a_stop_string_completed_among_accepted_drafts_ends_the_request_there() {
     assert_eq!(on.s.observer().totals().generation_tokens, 5);
 }
 
+/// A stop check that fires at every token from `0` up (a stop "string" that occurs often).
+#[derive(Debug)]
+struct AtLeast(u32);
+
+impl cachet_core::request::StopStrings for AtLeast {
+    fn ends_in_stop(&self, output: &[u32]) -> bool {
+        output.last().is_some_and(|&t| t >= self.0)
+    }
+}
+
+#[test]
+fn min_tokens_holds_back_stop_strings_as_it_holds_back_stop_tokens() {
+    // COPY's outputs are 2, 3, 4, 5, 6, 7, 50, ...: a stop string may end the request only at
+    // a token after the first `min_tokens` (the output counting that token is longer than
+    // `min_tokens`), and a match that ended earlier never counts later.
+    let cases: [(cachet_core::request::StopCheck, u32, &[u32], FinishReason); 5] = [
+        // Fires at 5 (the 4th token) without a minimum.
+        (
+            cachet_core::request::StopCheck::new(AtLeast(5)),
+            0,
+            &[2, 3, 4, 5],
+            FinishReason::Stop,
+        ),
+        // The 4th token may not end it with min_tokens 4: the 5th (6) does.
+        (
+            cachet_core::request::StopCheck::new(AtLeast(5)),
+            4,
+            &[2, 3, 4, 5, 6],
+            FinishReason::Stop,
+        ),
+        (
+            cachet_core::request::StopCheck::new(AtLeast(5)),
+            5,
+            &[2, 3, 4, 5, 6, 7],
+            FinishReason::Stop,
+        ),
+        // [5, 6] begins within the minimum and ends at the 5th token: it counts.
+        (
+            cachet_core::request::StopCheck::new(EndsWith(vec![5, 6])),
+            4,
+            &[2, 3, 4, 5, 6],
+            FinishReason::Stop,
+        ),
+        // It ends at the 5th token, within min_tokens 5, and never again: max_tokens (10).
+        (
+            cachet_core::request::StopCheck::new(EndsWith(vec![5, 6])),
+            5,
+            &COPY[..10],
+            FinishReason::Length,
+        ),
+    ];
+    for (stop, min_tokens, want, why) in cases {
+        let mut d = draft("a", &PROMPT, 10);
+        d.sampling.min_tokens = min_tokens;
+        d.sampling.stop_strings = Some(stop);
+        for spec in [None, spec3()] {
+            let r = run(config(spec), d.clone(), &COPY);
+            assert_eq!(r.output, want, "min_tokens {min_tokens}");
+            assert_eq!(r.finish, Some(why), "min_tokens {min_tokens}");
+            assert_eq!(r.s.observer().totals().generation_tokens, want.len() as u64);
+        }
+    }
+}
+
 #[test]
 fn no_drafts_for_constrained_forked_or_prompt_logprob_requests_in_prefill() {
     // n = 2: the first step forks; afterwards both sequences may speculate (one sequence

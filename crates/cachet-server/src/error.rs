@@ -90,9 +90,13 @@ pub enum ApiError {
         message: String,
         param: Option<String>,
     },
-    /// The prompt (plus `max_tokens`) does not fit the model's context.
-    #[error("{0}")]
-    ContextLength(String),
+    /// The prompt (plus `max_tokens`) does not fit the model's context; `param` names the
+    /// prompt's field (`messages`, or `prompt` on `/v1/completions`).
+    #[error("{message}")]
+    ContextLength {
+        message: String,
+        param: &'static str,
+    },
     #[error("The model `{}` does not exist.", clip(.0))]
     ModelNotFound(String),
     #[error("Invalid or missing API key.")]
@@ -164,9 +168,20 @@ impl ApiError {
         }
     }
 
+    /// The error as `/v1/completions` names its fields: a prompt too long is `prompt`'s.
+    pub fn for_prompt(self) -> Self {
+        match self {
+            ApiError::ContextLength { message, .. } => ApiError::ContextLength {
+                message,
+                param: "prompt",
+            },
+            e => e,
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ForbiddenOrigin | ApiError::OperatorOnly => StatusCode::FORBIDDEN,
@@ -185,7 +200,7 @@ impl ApiError {
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
-            ApiError::ContextLength(_) => Some("messages"),
+            ApiError::ContextLength { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::SessionBusy(_) => Some("session_id"),
             _ => None,
@@ -195,7 +210,7 @@ impl ApiError {
     fn openai_type_and_code(&self) -> (&'static str, Option<&'static str>) {
         match self {
             ApiError::BadRequest { .. } => ("invalid_request_error", None),
-            ApiError::ContextLength(_) => {
+            ApiError::ContextLength { .. } => {
                 ("invalid_request_error", Some("context_length_exceeded"))
             }
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
@@ -224,7 +239,7 @@ impl ApiError {
     fn anthropic_type(&self) -> &'static str {
         match self {
             ApiError::BadRequest { .. }
-            | ApiError::ContextLength(_)
+            | ApiError::ContextLength { .. }
             | ApiError::SessionBusy(_)
             | ApiError::MethodNotAllowed
             | ApiError::UnsupportedMediaType

@@ -116,7 +116,7 @@ macro_rules! common {
             yes("repetition_penalty", "vLLM extension"),
             yes("stop_token_ids", "vLLM extension"),
             yes("ignore_eos", "vLLM extension"),
-            yes("min_tokens", "vLLM extension"),
+            yes("min_tokens", "vLLM extension; holds back EOS, stop tokens and stop strings"),
             yes("cache_salt", "tenant isolation of the prefix cache"),
             yes("priority", "lower is more important"),
             yes("session_id", "resumable session (cachet)"),

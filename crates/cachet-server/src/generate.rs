@@ -150,6 +150,9 @@ pub struct Generation {
     drop_ids: Option<Vec<u32>>,
     seqs: Vec<Seq>,
     want_tokens: bool,
+    /// A sequence's first `min_tokens` tokens may not end it by a stop string (the engine's
+    /// rule too): their text passes the matcher unmatched.
+    min_tokens: u64,
     prompt_len: usize,
     report: Option<Report>,
     session: Option<SessionInfo>,
@@ -176,7 +179,10 @@ fn map_invalid(e: InvalidRequest) -> ApiError {
     match e {
         InvalidRequest::PromptTooLong { .. }
         | InvalidRequest::TooManyTokens { .. }
-        | InvalidRequest::CannotFit { .. } => ApiError::ContextLength(e.to_string()),
+        | InvalidRequest::CannotFit { .. } => ApiError::ContextLength {
+            message: e.to_string(),
+            param: "messages",
+        },
         InvalidRequest::ZeroMaxTokens => ApiError::bad_param("max_tokens", e.to_string()),
         InvalidRequest::MinTokensAboveMax { .. } => {
             ApiError::bad_param("min_tokens", e.to_string())
@@ -225,6 +231,7 @@ impl Generation {
             v
         });
         let want_tokens = draft.sampling.logprobs.is_some();
+        let min_tokens = u64::from(draft.sampling.min_tokens);
         let prompt_len = draft.prompt.len();
         let request_id = draft.label.to_string();
         // Stop strings are bounded in count and size (one automaton matches them all).
@@ -270,6 +277,7 @@ impl Generation {
             drop_ids,
             seqs,
             want_tokens,
+            min_tokens,
             prompt_len,
             report: None,
             session: None,
@@ -343,9 +351,11 @@ impl Generation {
                     let n = self.seqs.len();
                     let drop_ids = self.drop_ids.clone();
                     let want_tokens = self.want_tokens;
+                    let min_tokens = self.min_tokens;
                     let Some(seq) = self.seqs.get_mut(si) else {
                         continue;
                     };
+                    let before = seq.tokens_received;
                     seq.tokens_received += out.tokens.len() as u64;
                     if out.spec_decode.is_some() {
                         seq.spec_decode = out.spec_decode;
@@ -355,15 +365,28 @@ impl Generation {
                         ..Delta::default()
                     };
                     if seq.stop_hit.is_none() {
-                        let ids: Vec<u32> = out
-                            .tokens
-                            .iter()
-                            .map(|s| s.token)
-                            .filter(|t| !drop_ids.as_ref().is_some_and(|d| d.contains(t)))
-                            .collect();
-                        let text = seq.detok.push(&ids).unwrap_or_default();
+                        let ids = |toks: &[Sampled]| -> Vec<u32> {
+                            toks.iter()
+                                .map(|s| s.token)
+                                .filter(|t| !drop_ids.as_ref().is_some_and(|d| d.contains(t)))
+                                .collect()
+                        };
+                        // Tokens within `min_tokens`: their text cannot end a stop string.
+                        let within =
+                            (min_tokens.saturating_sub(before) as usize).min(out.tokens.len());
+                        if within > 0 {
+                            let text = seq
+                                .detok
+                                .push(&ids(&out.tokens[..within]))
+                                .unwrap_or_default();
+                            delta.text = seq.stop.push_unmatched(&text).emit;
+                        }
+                        let text = seq
+                            .detok
+                            .push(&ids(&out.tokens[within..]))
+                            .unwrap_or_default();
                         let outcome = seq.stop.push(&text);
-                        delta.text = outcome.emit;
+                        delta.text.push_str(&outcome.emit);
                         if want_tokens {
                             delta.tokens = out.tokens;
                         }
@@ -382,7 +405,11 @@ impl Generation {
                     if out.finish_reason.is_some() && seq.stop_hit.is_none() {
                         // Release what the detokenizer and the stop matcher still hold.
                         let tail = seq.detok.flush().unwrap_or_default();
-                        let outcome = seq.stop.push(&tail);
+                        let outcome = if seq.tokens_received > min_tokens {
+                            seq.stop.push(&tail)
+                        } else {
+                            seq.stop.push_unmatched(&tail)
+                        };
                         delta.text.push_str(&outcome.emit);
                         if let Some(i) = outcome.matched {
                             seq.stop_hit =

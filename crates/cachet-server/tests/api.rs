@@ -387,6 +387,62 @@ async fn stop_strings_non_streaming_and_streaming() {
 }
 
 #[tokio::test]
+async fn min_tokens_holds_back_stop_strings() {
+    // One byte, one token. A stop string may end the request only at a token after the
+    // first `min_tokens` (vLLM's rule): with a one-character stop at byte p1 (token p1 + 1)
+    // and again at p2, min_tokens p1 + 1 cuts at p2, min_tokens p1 still at p1.
+    let h = start(Opts::default());
+    let prompt = "The min tokens test prompt";
+    let full = greedy_text(&h, prompt, 40).await;
+    let b = full.as_bytes();
+    let (p1, p2) = (0..b.len())
+        .filter(|&i| b[i].is_ascii_graphic())
+        .find_map(|i| {
+            let j = b[i + 1..].iter().position(|&c| c == b[i])? + i + 1;
+            (!b[..i].contains(&b[i])).then_some((i, j))
+        })
+        .unwrap_or_else(|| panic!("no repeated character in {full:?}"));
+    let stop = (b[p1] as char).to_string();
+    for (min_tokens, cut) in [(p1 + 1, p2), (p1, p1), (0, p1)] {
+        let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": stop, "min_tokens": min_tokens});
+        let (s, v, _) = h.post("/v1/completions", body.clone()).await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(
+            v["choices"][0]["text"],
+            &full[..cut],
+            "min_tokens {min_tokens}"
+        );
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(v["usage"]["completion_tokens"], cut as u64 + 1, "{v}");
+        let mut body = body;
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let (_, events, _) = h.stream("/v1/completions", body).await;
+        let mut text = String::new();
+        for (_, d) in &events[..events.len() - 2] {
+            let c: Value = serde_json::from_str(d).unwrap();
+            text.push_str(c["choices"][0]["text"].as_str().unwrap());
+        }
+        assert_eq!(text, &full[..cut], "streamed, min_tokens {min_tokens}");
+        let usage: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+        assert_eq!(usage["usage"]["completion_tokens"], cut as u64 + 1);
+    }
+    // Never again after the minimum: the whole text, to max_tokens.
+    let (s, v, _) = h
+        .post("/v1/completions", json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": stop, "min_tokens": p2 + 1}))
+        .await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    let later = full[p2 + 1..].find(&stop).map(|k| k + p2 + 1);
+    match later {
+        Some(p3) => assert_eq!(v["choices"][0]["text"], &full[..p3]),
+        None => {
+            assert_eq!(v["choices"][0]["text"], full.as_str());
+            assert_eq!(v["choices"][0]["finish_reason"], "length");
+        }
+    }
+}
+
+#[tokio::test]
 async fn anthropic_non_streaming_usage() {
     let h = start(Opts::default());
     let body = json!({
@@ -537,7 +593,7 @@ async fn openai_error_paths() {
         (
             json!({"messages": [{"role": "user", "content": "x".repeat(400)}]}),
             StatusCode::BAD_REQUEST,
-            None,
+            Some("messages"),
         ),
         (
             json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}),
@@ -547,7 +603,7 @@ async fn openai_error_paths() {
         (
             json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}),
             StatusCode::BAD_REQUEST,
-            None,
+            Some("messages"),
         ),
         (
             json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}),
@@ -615,6 +671,29 @@ async fn openai_error_paths() {
         if status == StatusCode::NOT_FOUND {
             assert_eq!(v["error"]["code"], "model_not_found");
         }
+    }
+    // Too long for the context: `context_length_exceeded`, naming the prompt's own field.
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x".repeat(400)}]}),
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(400)}),
+            "prompt",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x", "max_tokens": 500}),
+            "prompt",
+        ),
+    ] {
+        let (s, v, _) = h.post(path, body.clone()).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{body} -> {v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        assert_eq!(v["error"]["param"], param, "{path} {body} -> {v}");
     }
     let (s, v) = h.post_raw("/v1/chat/completions", "{\"messages\": [").await;
     assert_eq!(s, StatusCode::BAD_REQUEST);

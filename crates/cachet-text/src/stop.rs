@@ -160,6 +160,18 @@ impl StopMatcher {
 
     /// Feeds newly decoded text.
     pub fn push(&mut self, text: &str) -> StopOutcome {
+        self.feed(text, true)
+    }
+
+    /// Feeds text of tokens that may not end the request (those within `min_tokens`, as
+    /// vLLM's detokenizer checks stop strings only once the output is longer): the automaton
+    /// advances, so a stop string that begins here can still end in later text, but a match
+    /// that ends here is not one.
+    pub fn push_unmatched(&mut self, text: &str) -> StopOutcome {
+        self.feed(text, false)
+    }
+
+    fn feed(&mut self, text: &str, may_match: bool) -> StopOutcome {
         if self.done {
             return StopOutcome::default();
         }
@@ -175,7 +187,7 @@ impl StopMatcher {
         let mut best: Option<(usize, usize, usize)> = None;
         for (i, &b) in text.as_bytes().iter().enumerate() {
             sid = c.nfa.next_state(Anchored::No, sid, b);
-            if c.nfa.is_match(sid) {
+            if may_match && c.nfa.is_match(sid) {
                 let end = base + i + 1;
                 for k in 0..c.nfa.match_len(sid) {
                     let pid = c.nfa.match_pattern(sid, k);
@@ -264,6 +276,26 @@ mod tests {
             run(&["END"], &["abc E", "N", "D tail"]),
             ("abc ".to_string(), Some(0))
         );
+    }
+
+    #[test]
+    fn unmatched_text_ends_no_stop_but_may_begin_one() {
+        // "ab" completed in unmatched text is text; the next "ab" ends the request.
+        let mut m = matcher(&["ab"]);
+        assert_eq!(m.push_unmatched("xa").emit, "x");
+        let o = m.push_unmatched("b");
+        assert_eq!((o.emit.as_str(), o.matched), ("", None));
+        let o = m.push("-ab!");
+        assert_eq!((o.emit.as_str(), o.matched), ("ab-", Some(0)));
+        // "abc" begun in unmatched text and ended after it is a match.
+        let mut m = matcher(&["abc"]);
+        assert_eq!(m.push_unmatched("zab").emit, "z");
+        let o = m.push("cd");
+        assert_eq!((o.emit.as_str(), o.matched), ("", Some(0)));
+        // Held unmatched text is released by a flush.
+        let mut m = matcher(&["abc"]);
+        assert_eq!(m.push_unmatched("ab").emit, "");
+        assert_eq!(m.flush(), "ab");
     }
 
     #[test]

@@ -189,7 +189,8 @@ pub async fn completions(
             common.stop_strings(),
             common.skip_special_tokens.unwrap_or(true),
         )
-        .await?;
+        .await
+        .map_err(ApiError::for_prompt)?;
         let shape = Shape {
             index_base: i * n_wanted,
             echo: echo_of,
