@@ -208,7 +208,13 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
             }
         };
     }
-    let most = tile_rows_for(isa, job.p.fmt, true);
+    // The tallest tile the dispatch below runs: the plain AVX2 kernel has 6-row instances of
+    // every format (only the 4-bit ones are given them), the other levels as chosen.
+    let most = if isa == Isa::Avx2 {
+        MR_AVX2
+    } else {
+        tile_rows_for(isa, job.p.fmt, true)
+    };
     debug_assert!(job.mr >= 1 && job.mr <= most && job.ng >= 1 && job.ng <= 2);
     if isa >= Isa::Avx512 {
         match job.p.fmt {
