@@ -175,7 +175,7 @@ fn logits(
                 start_pos: p,
                 block_table: table,
                 sample: Some(SampleSpec {
-                    n: 1,
+                    forks: &[],
                     drafts: &[],
                     params: &params,
                     prompt: &toks[..p + 1],

@@ -245,7 +245,7 @@ fn verify_cost(
             params: &params,
             prompt,
             output,
-            n: 1,
+            forks: &[],
             drafts,
         }),
         prompt_logprobs: None,

@@ -52,9 +52,11 @@ pub struct SampleSpec<'a> {
     pub prompt: &'a [TokenId],
     /// Tokens generated so far (for penalties and for a seeded draw's position).
     pub output: &'a [TokenId],
-    /// Independent draws from these logits (n > 1 forks a request into n sequences at its
-    /// first token: draw `i` uses the seed `params.seed + i`). 1 almost always.
-    pub n: u32,
+    /// Further independent draws from these logits, one per entry, each with its own
+    /// sampling (n > 1 forks a request into n sequences at its first token: draw `i` uses
+    /// `forks[i - 1]`, with the seed `params.seed + i` and its own constraint). Empty almost
+    /// always.
+    pub forks: &'a [SamplingParams],
     /// Speculative decoding: draft tokens `d1..dk`, which are also the chunk's last `k` tokens
     /// (the chunk is `[last token, d1..dk]` at positions `p..=p+k`; empty without drafts, and
     /// always with `n > 1`). The executor computes the logits of all `k + 1` positions in the

@@ -5,12 +5,14 @@ use super::{Request, RequestUpdate, Scheduler, Status};
 use crate::exec::Sampled;
 use crate::kv_manager::ReqKv;
 use crate::observe::{Effect, Observer};
+use crate::request::SamplingParams;
 
 use super::spec::SpecState;
 
 impl<O: Observer> Scheduler<O> {
     /// A request asked for `n` sequences and its first token was just drawn: sequences
-    /// `1..n` start from the draws `draws` (one each), sharing the prompt's full blocks; the
+    /// `1..n` start from the draws `draws` (one each, drawn with `params`, which become
+    /// theirs), sharing the prompt's full blocks; the
     /// partial last block is copied (in the next step's batch, before anything writes to it).
     /// When the pool cannot give a sequence its block, that sequence waits and recomputes its
     /// prompt (hitting the prefix cache for the full blocks).
@@ -18,10 +20,11 @@ impl<O: Observer> Scheduler<O> {
         &mut self,
         parent: u32,
         draws: Vec<Sampled>,
+        params: Vec<SamplingParams>,
         now: f64,
         updates: &mut Vec<RequestUpdate>,
     ) {
-        for (i, draw) in draws.into_iter().enumerate() {
+        for (i, (draw, sampling)) in draws.into_iter().zip(params).enumerate() {
             let Some(p) = self.slots[parent as usize].as_ref() else {
                 return;
             };
@@ -30,14 +33,12 @@ impl<O: Observer> Scheduler<O> {
             let mut tokens = Vec::with_capacity(p.tokens.capacity());
             tokens.extend_from_slice(&p.tokens[..p.prompt_len]);
             tokens.push(draw.token);
-            let mut sampling = p.sampling.clone();
-            sampling.seed = sampling.seed.map(|s| s.wrapping_add(i as u64 + 1));
-            let (kv, num_computed, status) = match forked {
+            let (kv, num_computed, status, copy) = match forked {
                 Ok((kv, copy)) => {
                     self.pending_copies.extend(copy);
-                    (kv, p.prompt_len, Status::Running)
+                    (kv, p.prompt_len, Status::Running, copy)
                 }
-                Err(_) => (ReqKv::new((*p.kv.extra).clone()), 0, Status::Waiting),
+                Err(_) => (ReqKv::new((*p.kv.extra).clone()), 0, Status::Waiting, None),
             };
             let child = Request {
                 kv,
@@ -53,7 +54,7 @@ impl<O: Observer> Scheduler<O> {
                 arrival: p.arrival,
                 sampling,
                 session: None,
-                fork_n: 1,
+                forks: Vec::new(),
                 seq: i as u32 + 1,
                 prompt_lp: None,
                 prompt_lps: Vec::new(),
@@ -85,6 +86,10 @@ impl<O: Observer> Scheduler<O> {
             u.first_token = true;
             // A one-token request ends with its first token.
             if let Some(reason) = self.check_stop(slot, u.token.as_ref().map_or(0, |t| t.token)) {
+                // Its copy of the partial block is not needed: the block is freed now.
+                if let Some(c) = copy {
+                    self.pending_copies.retain(|&x| x != c);
+                }
                 let mut f = self.finish_slot(slot, reason, now);
                 f.token = u.token.take();
                 f.first_token = true;

@@ -65,6 +65,9 @@ pub trait TokenConstraint: Send + Sync + std::fmt::Debug {
     fn fill_mask(&self, mask: &mut Vec<u32>);
     /// Advances past `token` (the token the sampler chose).
     fn accept(&self, token: TokenId);
+    /// A second constraint in this one's present state, advancing on its own from now on: a
+    /// request with `n > 1` gives each further sequence one, made before any token is accepted.
+    fn fork(&self) -> Constraint;
 }
 
 /// A shared handle on one request's rule (a [`TokenConstraint`], [`StopStrings`]): plain data

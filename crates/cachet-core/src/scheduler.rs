@@ -224,8 +224,9 @@ struct Request {
     arrival: f64,
     sampling: SamplingParams,
     session: Option<Box<SessionInfo>>,
-    /// Sequences still to fork at the first token (1: none).
-    fork_n: u32,
+    /// The sampling of the sequences still to fork at the first token (`n - 1` of them, each
+    /// with its own seed and constraint; empty: none).
+    forks: Vec<SamplingParams>,
     /// Which sequence of its request this is.
     seq: u32,
     /// Prompt logprobs asked for (alternatives per token), and those computed so far.
@@ -428,6 +429,15 @@ impl<O: Observer> Scheduler<O> {
             .tenant
             .take()
             .unwrap_or_else(|| Arc::from(crate::request::DEFAULT_TENANT));
+        // Sequence i of n draws with the seed + i and a constraint of its own.
+        let forks = (1..d.n.max(1))
+            .map(|i| {
+                let mut p = d.sampling.clone();
+                p.seed = p.seed.map(|s| s.wrapping_add(u64::from(i)));
+                p.constraint = p.constraint.as_ref().map(|c| c.fork());
+                p
+            })
+            .collect();
         let r = Request {
             kv,
             prompt_len: d.prompt.len(),
@@ -442,7 +452,7 @@ impl<O: Observer> Scheduler<O> {
             arrival,
             sampling: d.sampling,
             session,
-            fork_n: d.n,
+            forks,
             seq: 0,
             prompt_lp: d.prompt_logprobs,
             prompt_lps: Vec::new(),

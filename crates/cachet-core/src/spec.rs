@@ -239,7 +239,7 @@ pub(super) fn draft_cap(
 pub(super) fn eligible(r: &Request) -> bool {
     r.has_output()
         && r.num_computed + 1 == r.tokens.len()
-        && r.fork_n <= 1
+        && r.forks.is_empty()
         && r.sampling.constraint.is_none()
 }
 

@@ -42,7 +42,7 @@ impl<O: Observer> Scheduler<O> {
                         params: &r.sampling,
                         prompt: &r.tokens[..r.prompt_len],
                         output: &r.tokens[r.prompt_len..],
-                        n: if r.has_output() { 1 } else { r.fork_n },
+                        forks: if r.has_output() { &[] } else { &r.forks },
                         drafts,
                     }),
                     prompt_logprobs,
@@ -134,12 +134,12 @@ impl<O: Observer> Scheduler<O> {
             r.tokens.push(sampled.token);
             let lps = (prefill && r.prompt_lp.is_some())
                 .then(|| Box::new(std::mem::take(&mut r.prompt_lps)));
-            let draws = if prefill && r.fork_n > 1 {
-                r.fork_n = 1;
+            let draws = if prefill && !r.forks.is_empty() {
+                let params = std::mem::take(&mut r.forks);
                 forks
                     .iter()
                     .position(|(i, _)| *i == ci)
-                    .map(|k| forks.swap_remove(k).1)
+                    .map(|k| (forks.swap_remove(k).1, params))
             } else {
                 None
             };
@@ -149,6 +149,13 @@ impl<O: Observer> Scheduler<O> {
                 same_step: false,
                 first: prefill,
             });
+            // Sequences 1..n start from the prompt and their own draws, whether or not this
+            // one ends with its first token (forked before it can finish and free its blocks:
+            // a partial block's copy reads it in the next batch, before anything is written).
+            let mut forked = Vec::new();
+            if let Some((draws, params)) = draws {
+                self.fork(slot, draws, params, now, &mut forked);
+            }
             let mut u = match self.check_stop(slot, sampled.token) {
                 Some(reason) => self.finish_slot(slot, reason, now),
                 None => {
@@ -166,9 +173,7 @@ impl<O: Observer> Scheduler<O> {
             u.prompt_logprobs = lps;
             let live = u.finish.is_none();
             updates.push(u);
-            if let Some(draws) = draws {
-                self.fork(slot, draws, now, &mut updates);
-            }
+            updates.append(&mut forked);
             if live && !extra.is_empty() {
                 self.commit_accepted(slot, extra, now, &mut updates);
             }

@@ -175,9 +175,10 @@ pub fn fake_execute(batch: &ExecBatch<'_>) -> ExecOutput {
         out.sampled
             .push(seq.sample.as_ref().map(|_| Sampled::token(7)));
         if let Some(spec) = &seq.sample {
-            if spec.n > 1 {
+            if !spec.forks.is_empty() {
+                let n = spec.forks.len() as u32;
                 out.forks
-                    .push((i, (1..spec.n).map(|k| Sampled::token(7 + k)).collect()));
+                    .push((i, (1..=n).map(|k| Sampled::token(7 + k)).collect()));
             }
         }
         if let Some(lp) = &seq.prompt_logprobs {

@@ -131,3 +131,130 @@ fn aborting_a_forked_request_ends_every_sequence() {
     s.s.check_invariants().unwrap();
     assert_eq!(s.s.kv_manager().pool().num_free(), 64);
 }
+
+/// n = 3 with max_tokens 1: every sequence ends with its first token (7, 8, 9), all three
+/// counted; the forks' copies of the partial block are dropped with them (nothing is copied
+/// in the next batch) and every block is free again.
+#[test]
+fn n_sequences_of_one_token_each_all_end_with_their_first() {
+    let mut s = Core::new(cfg(64, 16));
+    let mut d = req("n3", toks(100, 40), 1);
+    d.n = 3;
+    s.add(d).unwrap();
+    let (_, ups) = s.step(1.0);
+    let got: Vec<(u32, u32, Option<FinishReason>)> = ups
+        .iter()
+        .map(|u| (u.seq, u.token.as_ref().unwrap().token, u.finish))
+        .collect();
+    let l = Some(FinishReason::Length);
+    assert_eq!(got, [(0, 7, l), (1, 8, l), (2, 9, l)]);
+    assert!(!s.s.has_unfinished());
+    let fin = s.take_finished();
+    assert_eq!(fin.len(), 3);
+    assert!(fin.iter().all(|f| f.generation_tokens == 1));
+    let t = s.totals();
+    assert_eq!(t.generation_tokens, 3);
+    // 3 blocks for the prompt, 1 copy block each for the two forks.
+    assert_eq!(t.blocks_allocated, 5);
+    s.s.check_invariants().unwrap();
+    assert_eq!(s.s.kv_manager().pool().num_free(), 64);
+    s.add(req("next", toks(200, 8), 1)).unwrap();
+    let (out, _) = s.step(2.0);
+    assert!(out.copies.is_empty(), "{:?}", out.copies);
+}
+
+/// n = 2 whose first sequence stops on its first token (7, a stop token): the second still
+/// forks from the prompt, copies the partial block the first has freed (in the next batch,
+/// before anything is written), and runs on: 8, then 7 ends it.
+#[test]
+fn a_sequence_ending_with_its_first_token_still_forks_the_others() {
+    let mut s = Core::new(cfg(64, 16));
+    let mut d = req("n2", toks(100, 40), 4);
+    d.n = 2;
+    d.sampling.stop_token_ids = vec![7];
+    s.add(d).unwrap();
+    let (_, ups) = s.step(1.0);
+    let got: Vec<(u32, u32, Option<FinishReason>)> = ups
+        .iter()
+        .map(|u| (u.seq, u.token.as_ref().unwrap().token, u.finish))
+        .collect();
+    assert_eq!(got, [(0, 7, Some(FinishReason::Stop)), (1, 8, None)]);
+    let child = ups[1].slot;
+    let (_, cblocks) = s.s.debug_request(child).unwrap();
+    let (out, ups) = s.step(2.0);
+    assert_eq!(out.copies.len(), 1);
+    assert_eq!(out.copies[0].1, cblocks[2]);
+    assert_eq!(ups[0].finish, Some(FinishReason::Stop));
+    let fin = s.take_finished();
+    let mut gen: Vec<u64> = fin.iter().map(|f| f.generation_tokens).collect();
+    gen.sort();
+    assert_eq!(gen, [1, 2]);
+    assert!(!s.s.has_unfinished());
+    s.s.check_invariants().unwrap();
+    assert_eq!(s.s.kv_manager().pool().num_free(), 64);
+}
+
+/// A constraint that allows everything; its forks are new values (told apart by pointer).
+#[derive(Debug)]
+struct Free;
+
+impl cachet_core::request::TokenConstraint for Free {
+    fn allows(&self, _: u32) -> bool {
+        true
+    }
+    fn fill_mask(&self, m: &mut Vec<u32>) {
+        m.clear();
+    }
+    fn accept(&self, _: u32) {}
+    fn fork(&self) -> cachet_core::request::Constraint {
+        cachet_core::request::Constraint::new(Free)
+    }
+}
+
+/// n = 3 with a seed and a constraint: the first step's draws 1 and 2 use sampling of their
+/// own (seeds 41 and 42, a constraint each, not the first sequence's), and those become the
+/// forked sequences' own in every later step.
+#[test]
+fn each_forked_sequence_samples_with_its_own_seed_and_constraint() {
+    let mut s = Core::new(cfg(64, 16));
+    let mut d = req("n3", toks(100, 40), 3);
+    d.n = 3;
+    d.sampling.seed = Some(40);
+    let c0 = cachet_core::request::Constraint::new(Free);
+    d.sampling.constraint = Some(c0.clone());
+    s.add(d).unwrap();
+    let plan = s.s.schedule(1.0, None);
+    let batch = s.s.exec_batch(&plan);
+    let spec = batch.seqs[0].sample.as_ref().unwrap();
+    assert_eq!(spec.params.seed, Some(40));
+    assert_eq!(spec.params.constraint.as_ref(), Some(&c0));
+    let forks: Vec<(Option<u64>, cachet_core::request::Constraint)> = spec
+        .forks
+        .iter()
+        .map(|p| (p.seed, p.constraint.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        forks.iter().map(|f| f.0).collect::<Vec<_>>(),
+        [Some(41), Some(42)]
+    );
+    assert!(forks[0].1 != c0 && forks[1].1 != c0 && forks[0].1 != forks[1].1);
+    let res = fake_execute(&batch);
+    drop(batch);
+    s.s.update(&plan, res, 1.0);
+    let plan = s.s.schedule(2.0, None);
+    let batch = s.s.exec_batch(&plan);
+    // Sequence 0 keeps its own; sequence i has draw i's (seed 40 + i, that constraint).
+    let mut got: Vec<(Option<u64>, cachet_core::request::Constraint)> = batch
+        .seqs
+        .iter()
+        .map(|q| {
+            let p = q.sample.as_ref().unwrap();
+            assert!(p.forks.is_empty());
+            (p.params.seed, p.params.constraint.clone().unwrap())
+        })
+        .collect();
+    got.sort_by_key(|g| g.0);
+    let mut want = vec![(Some(40), c0)];
+    want.extend(forks);
+    assert_eq!(got, want);
+}

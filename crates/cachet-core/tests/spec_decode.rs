@@ -423,6 +423,9 @@ fn no_drafts_for_constrained_forked_or_prompt_logprob_requests_in_prefill() {
             m.clear();
         }
         fn accept(&self, _: u32) {}
+        fn fork(&self) -> cachet_core::request::Constraint {
+            cachet_core::request::Constraint::new(Any)
+        }
     }
     let mut d = draft("c", &PROMPT, 10);
     d.sampling.constraint = Some(cachet_core::request::Constraint::new(Any));

@@ -266,12 +266,15 @@ impl Executor for SimExecutor {
                     }
                     s
                 };
-                if j == 0 && spec.n > 1 {
-                    // Further independent draws from the same context (a forked request).
-                    let extra = (1..spec.n)
-                        .map(|i| {
+                if j == 0 && !spec.forks.is_empty() {
+                    // Further independent draws from the same context (a forked request), each
+                    // under its own sampling (bias, constraint).
+                    let extra = (1..)
+                        .zip(spec.forks)
+                        .map(|(i, params)| {
                             let hi = mix(h, 0x5eed_0000 + i as u64);
-                            draw(hi, self.cfg.first_token + (hi % vocab) as u32)
+                            let t = self.cfg.first_token + (hi % vocab) as u32;
+                            draw(hi, self.steer(hi, t, params))
                         })
                         .collect();
                     out.forks.push((out.sampled.len(), extra));

@@ -22,6 +22,11 @@ use crate::handle::{Command, EngineFailure, EngineState, RequestHandle, RequestO
 struct Routes {
     by_slot: Vec<Option<Route>>,
     slots: HashMap<RequestHandle, Vec<u32>>,
+    /// Streams whose last live sequence ended while this step's updates are delivered: a
+    /// sequence forked in the same step (after its first sequence ended with its first token,
+    /// or in a slot another sequence of its request just freed) still reaches its stream.
+    /// Emptied after each step.
+    ended: HashMap<RequestHandle, mpsc::UnboundedSender<RequestOutput>>,
 }
 
 struct Route {
@@ -79,7 +84,8 @@ impl Routes {
             .and_then(|s| s.first())
             .and_then(|&p| self.by_slot.get(p as usize))
             .and_then(|r| r.as_ref())
-            .map(|r| r.tx.clone());
+            .map(|r| r.tx.clone())
+            .or_else(|| self.ended.get(&handle).cloned());
         if let Some(tx) = tx {
             self.insert(slot, handle, seq, tx);
         }
@@ -114,6 +120,7 @@ impl Routes {
                 s.retain(|&x| x != slot);
                 if s.is_empty() {
                     self.slots.remove(&route.handle);
+                    self.ended.insert(route.handle, route.tx.clone());
                 }
             }
             let _ = route.tx.send(out);
@@ -288,6 +295,7 @@ fn serve<E: Executor>(
                             gone.push(slot);
                         }
                     }
+                    routes.ended.clear();
                     // Receivers that went away: the client disconnected.
                     for slot in gone {
                         if let Some(up) = core.finish(slot, FinishReason::Abort, now()) {
@@ -308,5 +316,57 @@ fn serve<E: Executor>(
         }
         sh.gauges.send_replace(core.scheduler().gauges());
         sh.live.send_replace(routes.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_core::Sampled;
+
+    fn up(slot: u32, seq: u32, token: u32, finish: Option<FinishReason>) -> RequestUpdate {
+        RequestUpdate {
+            slot,
+            handle: 7,
+            token: Some(Sampled::token(token)),
+            first_token: true,
+            finish,
+            session: None,
+            report: None,
+            seq,
+            prompt_logprobs: None,
+            spec_decode: None,
+        }
+    }
+
+    /// One step of a request with n = 3 and max_tokens 1, as the scheduler reports it: the
+    /// first sequence ends with its first token, the second is forked into slot 5 and ends,
+    /// the third is forked into slot 5 again (just freed) and ends. Every update reaches the
+    /// request's stream, in order.
+    #[test]
+    fn sequences_forked_in_the_step_their_request_ended_reach_its_stream() {
+        let mut r = Routes::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        r.insert(3, RequestHandle(7), 0, tx);
+        let len = Some(FinishReason::Length);
+        for u in [up(3, 0, 10, len), up(5, 1, 11, len), up(5, 2, 12, len)] {
+            assert_eq!(r.deliver(u, None), None);
+        }
+        r.ended.clear();
+        let mut got = Vec::new();
+        while let Ok(o) = rx.try_recv() {
+            got.push((o.seq, o.tokens[0].token, o.finish_reason));
+        }
+        assert_eq!(got, [(0, 10, len), (1, 11, len), (2, 12, len)]);
+        assert_eq!(r.len(), 0);
+        // A live third sequence keeps its route.
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        r.insert(3, RequestHandle(7), 0, tx);
+        for u in [up(3, 0, 10, len), up(5, 1, 11, len), up(5, 2, 12, None)] {
+            assert_eq!(r.deliver(u, None), None);
+        }
+        r.ended.clear();
+        assert_eq!(r.slots_of(RequestHandle(7), None), [5]);
+        assert_eq!(std::iter::from_fn(|| rx.try_recv().ok()).count(), 3);
     }
 }

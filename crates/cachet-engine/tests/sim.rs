@@ -16,7 +16,7 @@ fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]
             start_pos: start,
             block_table: table,
             sample: Some(SampleSpec {
-                n: 1,
+                forks: &[],
                 drafts: &[],
                 params: &params,
                 prompt: tokens,

@@ -23,7 +23,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use cachet_core::request::TokenConstraint;
+use cachet_core::request::{Constraint, TokenConstraint};
 use cachet_core::TokenId;
 use cachet_text::TextTokenizer;
 use llguidance::api::TopLevelGrammar;
@@ -312,6 +312,14 @@ impl TokenConstraint for GrammarConstraint {
             tracing::debug!(error = %e, token, "grammar refused an accepted token");
         }
     }
+
+    fn fork(&self) -> Constraint {
+        Constraint::new(GrammarConstraint {
+            matcher: Mutex::new(self.lock().deep_clone()),
+            eos: Arc::clone(&self.eos),
+            vocab_size: self.vocab_size,
+        })
+    }
 }
 
 /// Whether bit `t` of a [`TokenConstraint::fill_mask`] bitset is set.
@@ -372,6 +380,26 @@ mod tests {
         let c = g.compile(&Grammar::JsonSchema(schema)).unwrap();
         assert_eq!(feed(&c, r#"{"a": "1"}"#), 6);
         assert!(!c.is_accepting());
+    }
+
+    #[test]
+    fn a_fork_goes_on_from_the_same_state_on_its_own() {
+        let g = compiler();
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "additionalProperties": false});
+        let c = g.compile(&Grammar::JsonSchema(schema)).unwrap();
+        assert_eq!(feed(&c, r#"{"a": "#), 6);
+        let f = c.fork();
+        // The original goes on with a number and ends; the fork is still after `{"a": `.
+        assert_eq!(feed(&c, "12}"), 3);
+        assert!(c.is_accepting());
+        let digit = bytes("7")[0];
+        assert!(f.allows(digit) && !f.allows(bytes("}")[0]));
+        f.accept(digit);
+        assert!(f.allows(bytes("}")[0]));
+        f.accept(bytes("}")[0]);
+        assert!(f.allows(ByteTokenizer::EOS));
+        // Neither moved the other: the original still allows only EOS.
+        assert!(!c.allows(digit) && c.allows(ByteTokenizer::EOS));
     }
 
     #[test]

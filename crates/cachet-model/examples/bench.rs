@@ -40,7 +40,7 @@ fn step(e: &mut LlamaExecutor, seqs: &mut [Seq], params: &SamplingParams) {
                     start_pos: s.computed,
                     block_table: &s.table,
                     sample: Some(SampleSpec {
-                        n: 1,
+                        forks: &[],
                         drafts: &[],
                         params,
                         prompt: &s.tokens,

@@ -34,7 +34,7 @@ fn main() {
             start_pos: 0,
             block_table: &table,
             sample: Some(SampleSpec {
-                n: 1,
+                forks: &[],
                 drafts: &[],
                 params: &params,
                 prompt: &ids,

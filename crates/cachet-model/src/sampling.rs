@@ -436,6 +436,12 @@ mod tests {
         fn accept(&self, t: u32) {
             self.accepted.lock().unwrap().push(t);
         }
+        fn fork(&self) -> cachet_core::request::Constraint {
+            cachet_core::request::Constraint::new(Only {
+                allowed: self.allowed.clone(),
+                ..Only::default()
+            })
+        }
     }
 
     fn run(logits: &[f32], p: &SamplingParams, output: &[u32], eos: &[u32]) -> u32 {

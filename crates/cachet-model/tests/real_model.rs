@@ -153,7 +153,7 @@ fn cachet_logits_along(
                 start_pos: start,
                 block_table: &table,
                 sample: Some(SampleSpec {
-                    n: 1,
+                    forks: &[],
                     drafts: &[],
                     params: &params,
                     prompt,

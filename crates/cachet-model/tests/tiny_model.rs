@@ -403,7 +403,7 @@ fn chunk<'a>(
         start_pos: start,
         block_table: table,
         sample: Some(SampleSpec {
-            n: 1,
+            forks: &[],
             drafts: &[],
             params,
             prompt: &[],

@@ -105,7 +105,7 @@ macro_rules! common {
             ),
             yes(
                 "n",
-                "up to 64 choices from one prefill (not with a grammar or a session)",
+                "up to 64 choices from one prefill, each under its own grammar copy (not with a session)",
             ),
             yes(
                 "prompt_logprobs",

@@ -150,6 +150,38 @@ async fn response_formats_and_guided_fields_are_enforced() {
         .await;
     let t = v["choices"][0]["text"].as_str().unwrap();
     assert!(t.len() == 4 && t.bytes().all(|b| b.is_ascii_digit()), "{t}");
+    // n = 4 under one schema, sampled: every choice follows the schema on its own (each
+    // sequence has its own copy of the grammar from the first token).
+    let (s, v, _) = h
+        .post("/v1/chat/completions", chat(json!({"n": 4, "temperature": 1.0, "seed": 11, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema, "strict": true}}})))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for c in choices {
+        assert_eq!(c["finish_reason"], "stop", "{c}");
+        let text = c["message"]["content"].as_str().unwrap();
+        let out: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(out["n"].is_i64() && out["ok"].is_boolean(), "{out}");
+        assert!(out["tag"] == "a" || out["tag"] == "b", "{out}");
+    }
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": "Digits:", "guided_regex": "[0-9]{4}", "max_tokens": 10, "n": 3, "temperature": 1.0}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let mut texts: Vec<&str> = Vec::new();
+    for c in v["choices"].as_array().unwrap() {
+        let t = c["text"].as_str().unwrap();
+        assert!(t.len() == 4 && t.bytes().all(|b| b.is_ascii_digit()), "{t}");
+        texts.push(t);
+    }
+    // Independent draws (the simulator's first draws differ by sequence).
+    texts.sort();
+    texts.dedup();
+    assert_eq!(texts.len(), 3, "{v}");
     // Unsupported feature: 400 naming it.
     let (s, v, _) = h
         .post("/v1/chat/completions", chat(json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "if": {}}}}})))
@@ -306,6 +338,20 @@ async fn n_choices_share_one_prefill_and_usage_counts_the_prompt_once() {
     assert_eq!(m.len(), 2);
     assert_eq!(m[0]["prefix_cache"]["prompt_tokens"], 12);
     assert_eq!(m[1]["prefix_cache"]["prompt_tokens"], 6);
+    // One token each: every choice gets its token (the first sequence ending with its first
+    // token still forks the others).
+    let (s, v, _) = h
+        .post(
+            "/v1/completions",
+            json!({"prompt": "one token each", "n": 3, "max_tokens": 1, "ignore_eos": true, "temperature": 1.0, "seed": 3}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    for c in v["choices"].as_array().unwrap() {
+        assert_eq!(c["text"].as_str().unwrap().len(), 1, "{c}");
+        assert_eq!(c["finish_reason"], "length", "{c}");
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 3);
     // The same prompt again: both full blocks come from the cache.
     let (_, v, _) = h
         .post(

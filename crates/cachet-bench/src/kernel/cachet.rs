@@ -76,7 +76,7 @@ pub(super) fn step(
                     start_pos: s.len,
                     block_table: &s.table,
                     sample: Some(SampleSpec {
-                        n: 1,
+                        forks: &[],
                         drafts: &[],
                         params,
                         prompt: &s.prompt,

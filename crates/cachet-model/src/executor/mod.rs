@@ -521,15 +521,14 @@ impl Executor for LlamaExecutor {
             };
             out.sampled
                 .push(Some(sampling::sample(logits, &inp, &mut self.sampler)));
-            if spec.n > 1 {
-                // Further draws for the request's other sequences, each with its own seed.
-                let mut draws = Vec::with_capacity(spec.n as usize - 1);
-                for i in 1..spec.n {
-                    let mut params = spec.params.clone();
-                    params.seed = params.seed.map(|s| s.wrapping_add(i as u64));
+            if !spec.forks.is_empty() {
+                // Further draws for the request's other sequences, each with its own sampling
+                // (seed, constraint).
+                let mut draws = Vec::with_capacity(spec.forks.len());
+                for params in spec.forks {
                     self.rng = sampling::splitmix64(self.rng);
                     let inp = SampleInput {
-                        params: &params,
+                        params,
                         prompt: spec.prompt,
                         output: spec.output,
                         eos_token_ids: &self.eos,

@@ -89,7 +89,7 @@ pub fn step(
                 start_pos: starts[i],
                 block_table: &r.blocks,
                 sample: done.then_some(SampleSpec {
-                    n: 1,
+                    forks: &[],
                     drafts: &[],
                     params: &r.params,
                     prompt: &r.prompt,

@@ -135,13 +135,6 @@ pub async fn chat_completions(
         &req.common.guided(),
     )
     .await?;
-    if draft.sampling.constraint.is_some() && draft.n > 1 {
-        return Err(ApiError::bad_param(
-            "n",
-            "`n` > 1 cannot be combined with a grammar (tools forced, response_format, guided_*).",
-        )
-        .into());
-    }
     let parse = setup.plan.parse_format();
     let skip_special = req.common.skip_special_tokens.unwrap_or(true)
         && !(parse.is_some() && state.agent().markers_special);

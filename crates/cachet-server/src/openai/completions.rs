@@ -176,13 +176,6 @@ pub async fn completions(
             &common.guided(),
         )
         .await?;
-        if draft.sampling.constraint.is_some() && draft.n > 1 {
-            return Err(ApiError::bad_param(
-                "n",
-                "`n` > 1 cannot be combined with a guided-decoding grammar.",
-            )
-            .into());
-        }
         let gen = Generation::start_with(
             &state,
             draft,
