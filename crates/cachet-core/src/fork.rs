@@ -12,8 +12,8 @@ use super::spec::SpecState;
 impl<O: Observer> Scheduler<O> {
     /// A request asked for `n` sequences and its first token was just drawn: sequences
     /// `1..n` start from the draws `draws` (one each, drawn with `params`, which become
-    /// theirs), sharing the prompt's full blocks; the
-    /// partial last block is copied (in the next step's batch, before anything writes to it).
+    /// theirs), sharing the prompt's full blocks; the partial last block is copied (in the
+    /// next step's batch, before anything writes to it).
     /// When the pool cannot give a sequence its block, that sequence waits and recomputes its
     /// prompt (hitting the prefix cache for the full blocks).
     pub(super) fn fork(

@@ -25,7 +25,7 @@ struct Routes {
     /// Streams whose last live sequence ended while this step's updates are delivered: a
     /// sequence forked in the same step (after its first sequence ended with its first token,
     /// or in a slot another sequence of its request just freed) still reaches its stream.
-    /// Emptied after each step.
+    /// Emptied after each turn of the engine loop.
     ended: HashMap<RequestHandle, mpsc::UnboundedSender<RequestOutput>>,
 }
 
@@ -295,7 +295,6 @@ fn serve<E: Executor>(
                             gone.push(slot);
                         }
                     }
-                    routes.ended.clear();
                     // Receivers that went away: the client disconnected.
                     for slot in gone {
                         if let Some(up) = core.finish(slot, FinishReason::Abort, now()) {
@@ -314,6 +313,8 @@ fn serve<E: Executor>(
                 }
             }
         }
+        // (A handle is never reused; nothing of this iteration's is delivered later.)
+        routes.ended.clear();
         sh.gauges.send_replace(core.scheduler().gauges());
         sh.live.send_replace(routes.len());
     }
