@@ -67,17 +67,57 @@ pub fn compact_json_options() -> Value {
     })
 }
 
-/// `schema` with [`compact_json_options`] as its `x-guidance` (kept if it has one). A schema
-/// that is not an object (`true`) becomes `{}` (anything).
+/// `schema` with [`compact_json_options`] as its `x-guidance` (kept if it has one) and its
+/// declared objects closed ([`close_objects`]). A schema that is not an object (`true`)
+/// becomes `{}` (anything).
 pub fn with_compact_layout(schema: &Value) -> Value {
     let mut s = match schema {
         Value::Object(_) => schema.clone(),
         _ => json!({}),
     };
+    close_objects(&mut s);
     if let Value::Object(m) = &mut s {
         m.entry("x-guidance").or_insert_with(compact_json_options);
     }
     s
+}
+
+/// Closes every object `schema` declares: one with `properties` that says nothing of
+/// `additionalProperties` (or `unevaluatedProperties`) gets `"additionalProperties": false`,
+/// so a generated object has only the keys the schema names, as vLLM's default grammar
+/// backend (xgrammar's strict mode) generates them; a tool's arguments then never carry a
+/// key its function does not take. An object that declares no properties
+/// (`{"type": "object"}`) stays open, and so does anything under `allOf` (closing each part
+/// would refuse the keys of the others). Walks properties, items, the combinators but
+/// `allOf`, and definitions.
+pub fn close_objects(schema: &mut Value) {
+    let Value::Object(m) = schema else {
+        return;
+    };
+    if m.contains_key("properties")
+        && !m.contains_key("additionalProperties")
+        && !m.contains_key("unevaluatedProperties")
+    {
+        m.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "patternProperties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = m.get_mut(key) {
+            children.values_mut().for_each(close_objects);
+        }
+    }
+    for key in ["items", "additionalProperties", "not", "if", "then", "else"] {
+        if let Some(child) = m.get_mut(key) {
+            match child {
+                Value::Array(v) => v.iter_mut().for_each(close_objects),
+                v => close_objects(v),
+            }
+        }
+    }
+    for key in ["prefixItems", "anyOf", "oneOf"] {
+        if let Some(Value::Array(v)) = m.get_mut(key) {
+            v.iter_mut().for_each(close_objects);
+        }
+    }
 }
 
 struct Env {
@@ -380,6 +420,36 @@ mod tests {
         let c = g.compile(&Grammar::JsonSchema(schema)).unwrap();
         assert_eq!(feed(&c, r#"{"a": "1"}"#), 6);
         assert!(!c.is_accepting());
+    }
+
+    #[test]
+    fn declared_objects_are_closed_and_free_ones_stay_open() {
+        let g = compiler();
+        let ok = |schema: Value, text: &str| {
+            let c = g.compile(&Grammar::JsonSchema(schema)).unwrap();
+            feed(&c, text) == text.len() && c.is_accepting()
+        };
+        let city = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]});
+        assert!(ok(city.clone(), r#"{"city": "Rome"}"#));
+        assert!(
+            !ok(city, r#"{"city": "Rome", "metres": 9}"#),
+            "an undeclared key"
+        );
+        // Said open stays open; an object declaring nothing is free.
+        let open = json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "additionalProperties": true});
+        assert!(ok(open, r#"{"city": "Rome", "metres": 9}"#));
+        let free = json!({"type": "object", "properties": {"meta": {"type": "object"}}, "required": ["meta"]});
+        assert!(ok(free.clone(), r#"{"meta": {"any": 1}}"#));
+        assert!(!ok(free, r#"{"meta": {}, "x": 1}"#));
+        // Nested: in properties, in array items, in anyOf.
+        let nested = json!({"type": "object", "properties": {"list": {"type": "array", "items": {"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"type": "integer"}]}}}, "required": ["list"]});
+        assert!(ok(nested.clone(), r#"{"list": [{"a": 1}, 2]}"#));
+        assert!(!ok(nested, r#"{"list": [{"a": 1, "b": 2}]}"#));
+        // allOf parts are left as they are (closing each would refuse the other's keys).
+        let all = json!({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}]});
+        let mut closed = all.clone();
+        close_objects(&mut closed);
+        assert_eq!(closed, all);
     }
 
     #[test]

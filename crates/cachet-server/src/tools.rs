@@ -390,9 +390,12 @@ impl ToolPlan {
         let variants: Vec<Value> = names
             .iter()
             .map(|t| {
+                // The arguments have only the keys the function declares.
+                let mut params = t.parameters.clone();
+                cachet_grammar::close_objects(&mut params);
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": t.name}, key: t.parameters},
+                    "properties": {"name": {"const": t.name}, key: params},
                     "required": ["name", key],
                     "additionalProperties": false,
                 })
@@ -717,6 +720,12 @@ mod tests {
             let lark = plan.grammar(&ByteTokenizer, None).unwrap();
             let one = format.render_call("get_weather", r#"{"city": "Oslo"}"#);
             assert!(feed(&lark, &one), "{format:?}: {one}");
+            // Only the keys the function declares (its schema says nothing of others).
+            assert!(!feed(
+                &lark,
+                &format.render_call("get_weather", r#"{"city": "Oslo", "metres": 97}"#)
+            ));
+            assert!(!feed(&lark, &format.render_call("now", r#"{"x": 1}"#)));
             assert!(!feed(
                 &lark,
                 &format.render_call("get_weather", r#"{"town": "Oslo"}"#)
