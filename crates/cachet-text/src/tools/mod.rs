@@ -388,7 +388,12 @@ impl ToolCallParser {
                 self.mode = Mode::Text;
                 return true;
             }
-            if !eof && end.starts_with(self.pending.as_str()) {
+            if end.starts_with(self.pending.as_str()) {
+                if eof {
+                    // The output ended inside the call's end marker (`max_tokens`): the rest
+                    // of the call's layout, not content.
+                    self.pending.clear();
+                }
                 return false;
             }
         }

@@ -64,6 +64,13 @@ fn hermes_single_parallel_and_surrounding_text() {
         "",
         &[call("f", r#"{"a": 1}"#)],
     );
+    // Cut off inside the end marker after a whole call: the call, and no marker as content.
+    check(
+        f,
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {\"a\": 1}}\n</tool_c",
+        "",
+        &[call("f", "{}"), call("g", r#"{"a": 1}"#)],
+    );
     // Cut off inside the arguments: the call ends with what it has.
     check(
         f,
