@@ -628,6 +628,31 @@ def test_dashboard_goes_live_and_follows_traffic(target, browser_page):
     assert not errors, errors
 
 
+def test_a_forked_requests_lifecycle_names_each_sequence(target, browser_page):
+    # n = 2 over a 40-token prompt (blocks 0 and 1 full, block 2 partial): sequence 0 allocates
+    # blocks 0-2; at the first token sequence 1 shares 0 and 1 and gets its own block 2 (the
+    # copy of the partial one): the page names that allocation's sequence.
+    if target.fake is not None:
+        pytest.skip("the fake data server keeps no sequences")
+    page, errors = browser_page
+    page.goto(f"{target.base_url}/dashboard#key={KEY}")
+    _wait_text(page, "#conn", "live")
+    body = {"model": target.real.model(), "prompt": list(range(200, 240)), "max_tokens": 2,
+            "n": 2, "temperature": 1.0, "seed": 5}
+    r = requests.post(f"{target.base_url}/v1/completions", json=body,
+                      headers={**target.headers, "X-Request-Id": "dash-req-n2"}, timeout=30)
+    assert r.status_code == 200, r.text
+    assert [c["finish_reason"] for c in r.json()["choices"]] == ["length", "length"]
+    page.wait_for_selector('#recent button[data-request-id="dash-req-n2"]', timeout=WAIT_MS)
+    page.click('#recent button[data-request-id="dash-req-n2"]')
+    page.wait_for_selector('#life-blocks tr[data-event="allocated"]', timeout=WAIT_MS)
+    rows = page.locator('#life-blocks tr[data-event="allocated"]').all_inner_texts()
+    mine = [x for x in rows if "(seq 1)" in x]
+    assert len(mine) == 1, rows
+    assert sum("(seq 0)" in x for x in rows) == 3, rows
+    assert not errors, errors
+
+
 def test_dashboard_asks_for_the_key(target, browser_page):
     page, errors = browser_page
     page.goto(f"{target.base_url}/dashboard")
