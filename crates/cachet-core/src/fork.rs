@@ -9,6 +9,19 @@ use crate::request::SamplingParams;
 
 use super::spec::SpecState;
 
+/// The sampling of sequences `1..n` of a request (made at arrival, before any token is
+/// accepted): sequence `i` draws with the seed + `i` and a constraint of its own.
+pub(super) fn fork_sampling(p: &SamplingParams, n: u32) -> Vec<SamplingParams> {
+    (1..n.max(1))
+        .map(|i| {
+            let mut s = p.clone();
+            s.seed = s.seed.map(|x| x.wrapping_add(u64::from(i)));
+            s.constraint = s.constraint.as_ref().map(|c| c.fork());
+            s
+        })
+        .collect()
+}
+
 impl<O: Observer> Scheduler<O> {
     /// A request asked for `n` sequences and its first token was just drawn: sequences
     /// `1..n` start from the draws `draws` (one each, drawn with `params`, which become

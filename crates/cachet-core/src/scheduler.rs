@@ -429,15 +429,7 @@ impl<O: Observer> Scheduler<O> {
             .tenant
             .take()
             .unwrap_or_else(|| Arc::from(crate::request::DEFAULT_TENANT));
-        // Sequence i of n draws with the seed + i and a constraint of its own.
-        let forks = (1..d.n.max(1))
-            .map(|i| {
-                let mut p = d.sampling.clone();
-                p.seed = p.seed.map(|s| s.wrapping_add(u64::from(i)));
-                p.constraint = p.constraint.as_ref().map(|c| c.fork());
-                p
-            })
-            .collect();
+        let forks = fork::fork_sampling(&d.sampling, d.n);
         let r = Request {
             kv,
             prompt_len: d.prompt.len(),

@@ -132,6 +132,13 @@ fn aborting_a_forked_request_ends_every_sequence() {
     assert_eq!(s.s.kv_manager().pool().num_free(), 64);
 }
 
+/// Each update's (sequence, token, finish).
+fn firsts(ups: &[cachet_core::scheduler::RequestUpdate]) -> Vec<(u32, u32, Option<FinishReason>)> {
+    ups.iter()
+        .map(|u| (u.seq, u.token.as_ref().unwrap().token, u.finish))
+        .collect()
+}
+
 /// n = 3 with max_tokens 1: every sequence ends with its first token (7, 8, 9), all three
 /// counted; the forks' copies of the partial block are dropped with them (nothing is copied
 /// in the next batch) and every block is free again.
@@ -142,10 +149,7 @@ fn n_sequences_of_one_token_each_all_end_with_their_first() {
     d.n = 3;
     s.add(d).unwrap();
     let (_, ups) = s.step(1.0);
-    let got: Vec<(u32, u32, Option<FinishReason>)> = ups
-        .iter()
-        .map(|u| (u.seq, u.token.as_ref().unwrap().token, u.finish))
-        .collect();
+    let got = firsts(&ups);
     let l = Some(FinishReason::Length);
     assert_eq!(got, [(0, 7, l), (1, 8, l), (2, 9, l)]);
     assert!(!s.s.has_unfinished());
@@ -174,10 +178,7 @@ fn a_sequence_ending_with_its_first_token_still_forks_the_others() {
     d.sampling.stop_token_ids = vec![7];
     s.add(d).unwrap();
     let (_, ups) = s.step(1.0);
-    let got: Vec<(u32, u32, Option<FinishReason>)> = ups
-        .iter()
-        .map(|u| (u.seq, u.token.as_ref().unwrap().token, u.finish))
-        .collect();
+    let got = firsts(&ups);
     assert_eq!(got, [(0, 7, Some(FinishReason::Stop)), (1, 8, None)]);
     let child = ups[1].slot;
     let (_, cblocks) = s.s.debug_request(child).unwrap();
