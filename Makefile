@@ -27,7 +27,7 @@ test-deps:
 
 lint:
 	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	CARGO_INCREMENTAL=0 $(CARGO) clippy --workspace --all-targets -- -D warnings
 
 # Release mode: one optimised build serves the unit tests, the real-model tests and the e2e
 # binaries: `cargo test` builds target/release/cachet (for the binary's integration tests) and

@@ -3,6 +3,13 @@
 # `prometheus`), redis-server and redis-cli (when run as root), and a virtual environment with
 # the e2e test clients and Dynamo's KV indexer.
 set -euo pipefail
+# The whole run writes ~4 GB (release and clippy builds, the fuzz build, the venv, Chromium):
+# say so up front when the disk is short, rather than as a linker's bus error later.
+free_kb=$(df -Pk . | awk 'NR == 2 {print $4}')
+echo "disk: $((free_kb / 1024)) MiB free under $(pwd)" >&2
+if [ "${free_kb:-0}" -lt $((5 * 1024 * 1024)) ]; then
+  echo "warning: under 5 GiB free; the build may fail for want of disk" >&2
+fi
 if ! command -v promtool >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing promtool (Debian package prometheus) ..." >&2
