@@ -415,7 +415,10 @@ def test_loglikelihood_request_shape_of_lm_evaluation_harness(plain_server):
         assert lp["tokens"] == list(p)
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         assert all(isinstance(x, float) and x < 0 for x in lp["token_logprobs"][1:])
-        assert all(len(t) == 1 for t in lp["top_logprobs"][1:])
+        # The top 1 and the prompt token itself (OpenAI's "up to logprobs + 1").
+        for tok, tlp, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+            assert 1 <= len(top) <= 2 and top[tok] == tlp, (tok, tlp, top)
+            assert max(top.values()) >= tlp
         assert lp["text_offset"] == list(range(len(p)))
         assert c["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 0
@@ -491,8 +494,10 @@ def test_prompt_logprobs_are_the_models_own(real_server):
         assert d["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         direct = d["choices"][0]["logprobs"]["top_logprobs"][0]  # token text -> logprob
         echoed = lp["top_logprobs"][i]
-        assert len(echoed) >= 1
+        assert len(echoed) >= 1 and lp["tokens"][i] in echoed
         for text, v in echoed.items():
+            if text == lp["tokens"][i] and text not in direct:
+                continue  # the prompt token itself, ranked below the direct top 20
             assert text in direct, (i, text, echoed, direct)
             assert abs(direct[text] - v) < 2e-3, (i, text, v, direct[text])
         # The prompt token's own logprob, where the direct top 20 holds it.

@@ -47,14 +47,23 @@ pub(super) fn completion_logprobs(
         *offset += t.len();
         texts.push(t);
         lps.push(s.logprob);
-        let top: serde_json::Map<String, Value> = s
-            .top_logprobs
-            .iter()
-            .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
-            .collect();
-        tops.push(Value::Object(top));
+        tops.push(completion_top(tok, s));
     }
     json!({"tokens": texts, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+}
+
+/// One position's completions `top_logprobs`: the `logprobs` most likely tokens and the token
+/// itself (so up to `logprobs` + 1 entries, as OpenAI's legacy completions and vLLM return:
+/// the chosen token's logprob is always there, whatever its rank).
+fn completion_top(tok: &dyn TextTokenizer, s: &Sampled) -> Value {
+    let mut top: Map<String, Value> = s
+        .top_logprobs
+        .iter()
+        .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
+        .collect();
+    top.entry(token_text(tok, s.token))
+        .or_insert_with(|| json!(s.logprob));
+    Value::Object(top)
 }
 
 /// One generation run to its end: one choice per sequence, and the request's last final.
@@ -232,12 +241,7 @@ pub(super) fn echo_logprobs(
         match i.checked_sub(1).and_then(|j| prompt.get(j)) {
             Some(s) => {
                 lps.push(json!(s.logprob));
-                let top: Map<String, Value> = s
-                    .top_logprobs
-                    .iter()
-                    .map(|(id, lp)| (token_text(tok, *id), json!(lp)))
-                    .collect();
-                tops.push(Value::Object(top));
+                tops.push(completion_top(tok, s));
             }
             None => {
                 lps.push(Value::Null);
@@ -304,5 +308,64 @@ pub(super) fn stop_reason(fin: &Final) -> Value {
     match &fin.stop {
         crate::generate::StopKind::StopString(s) => json!(s),
         _ => Value::Null,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cachet_text::ByteTokenizer;
+
+    use super::*;
+
+    fn b(c: char) -> u32 {
+        c as u32 + ByteTokenizer::OFFSET
+    }
+
+    fn sampled(token: char, logprob: f32, top: &[(char, f32)]) -> Sampled {
+        Sampled {
+            token: b(token),
+            logprob,
+            top_logprobs: top.iter().map(|&(c, lp)| (b(c), lp)).collect(),
+        }
+    }
+
+    #[test]
+    fn completion_top_logprobs_always_hold_the_chosen_token() {
+        // "x" chosen outside the top 2, then "y" chosen as the top token.
+        let toks = [
+            sampled('x', -3.0, &[('a', -0.5), ('b', -1.0)]),
+            sampled('y', -0.25, &[('y', -0.25), ('c', -2.0)]),
+        ];
+        let mut offset = 4;
+        let v = completion_logprobs(&ByteTokenizer, &toks, &mut offset);
+        assert_eq!(
+            v,
+            json!({
+                "tokens": ["x", "y"],
+                "token_logprobs": [-3.0, -0.25],
+                "top_logprobs": [{"a": -0.5, "b": -1.0, "x": -3.0}, {"y": -0.25, "c": -2.0}],
+                "text_offset": [4, 5],
+            })
+        );
+        assert_eq!(offset, 6);
+    }
+
+    #[test]
+    fn echoed_prompt_positions_hold_the_prompt_token_too() {
+        let echo = Echo {
+            text: "pq".into(),
+            ids: vec![b('p'), b('q')],
+        };
+        // The prompt's second token "q" (logprob -4), outside the top 1.
+        let prompt = [sampled('q', -4.0, &[('r', -0.125)])];
+        let gen = [sampled('s', -0.5, &[('s', -0.5)])];
+        let v = echo_logprobs(&ByteTokenizer, &echo, &prompt, &gen);
+        assert_eq!(v["tokens"], json!(["p", "q", "s"]));
+        assert_eq!(v["token_logprobs"], json!([null, -4.0, -0.5]));
+        assert_eq!(
+            v["top_logprobs"],
+            json!([null, {"r": -0.125, "q": -4.0}, {"s": -0.5}])
+        );
+        assert_eq!(v["text_offset"], json!([0, 1, 2]));
     }
 }
