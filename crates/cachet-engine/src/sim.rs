@@ -102,6 +102,24 @@ impl SimExecutor {
         }
     }
 
+    /// `token` with a logprob drawn from `h` and up to 5 alternatives (the first tokens of the
+    /// vocabulary, -1, -2, ...); a token among them has its alternative's logprob, as under a
+    /// real distribution.
+    fn sim_logprobs(&self, h: u64, token: u32, k: u32) -> Sampled {
+        let top: Vec<(u32, f32)> = (0..k.min(5))
+            .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
+            .collect();
+        let logprob = match top.iter().find(|(t, _)| *t == token) {
+            Some(&(_, lp)) => lp,
+            None => -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01,
+        };
+        Sampled {
+            token,
+            logprob,
+            top_logprobs: top,
+        }
+    }
+
     #[cold]
     fn bad_slot(pos: usize, block: Option<u32>) -> ExecError {
         ExecError::Failed(match block {
@@ -219,13 +237,7 @@ impl Executor for SimExecutor {
                 for (j, &t) in lp.targets.iter().enumerate() {
                     let fp = self.arena[self.slot(seq.block_table, seq.start_pos + j)?];
                     let h = mix(fp, t as u64);
-                    v.push(Sampled {
-                        token: t,
-                        logprob: -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01,
-                        top_logprobs: (0..lp.top.min(5))
-                            .map(|k| (self.cfg.first_token + k, -1.0 - k as f32))
-                            .collect(),
-                    });
+                    v.push(self.sim_logprobs(h, t, lp.top));
                 }
                 out.prompt_logprobs.push((out.sampled.len(), v));
             }
@@ -257,14 +269,10 @@ impl Executor for SimExecutor {
                 };
                 let token = self.steer(h, token, spec.params);
                 let draw = |h: u64, token: u32| {
-                    let mut s = Sampled::token(token);
-                    if let Some(k) = spec.params.logprobs {
-                        s.logprob = -((h >> 40) as f32 / (1u64 << 24) as f32) - 0.01;
-                        s.top_logprobs = (0..k.min(5))
-                            .map(|j| (self.cfg.first_token + j, -1.0 - j as f32))
-                            .collect();
+                    match spec.params.logprobs {
+                        Some(k) => self.sim_logprobs(h, token, k),
+                        None => Sampled::token(token),
                     }
-                    s
                 };
                 if j == 0 && !spec.forks.is_empty() {
                     // Further independent draws from the same context (a forked request), each

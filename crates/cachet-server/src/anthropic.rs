@@ -15,7 +15,9 @@ use serde_json::{json, Value};
 use crate::body::read_json;
 use crate::error::{AnthropicError, ApiError};
 use crate::fields::{check_rest, Route};
-use crate::generate::{response_id, Final, GenEvent, Generation, StopKind, REQUEST_ID_HEADER};
+use crate::generate::{
+    response_id, Final, GenEvent, Generation, StopKind, TextOptions, REQUEST_ID_HEADER,
+};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput};
 use crate::tools::{anthropic_tool_choice, anthropic_tools, AnthropicTool, ToolPlan};
 use crate::usage::{anthropic_start_usage, anthropic_usage, request_metrics_json, session_json};
@@ -349,8 +351,10 @@ pub async fn count_tokens(
 
 fn stop_reason(f: &Final, called: bool) -> (&'static str, Value) {
     match &f.stop {
-        StopKind::Eos if called => ("tool_use", Value::Null),
-        StopKind::Eos | StopKind::Abort | StopKind::Error => ("end_turn", Value::Null),
+        StopKind::Eos | StopKind::StopToken(_) if called => ("tool_use", Value::Null),
+        StopKind::Eos | StopKind::StopToken(_) | StopKind::Abort | StopKind::Error => {
+            ("end_turn", Value::Null)
+        }
         StopKind::Length => ("max_tokens", Value::Null),
         StopKind::StopString(s) => ("stop_sequence", json!(s)),
     }
@@ -405,13 +409,12 @@ pub async fn messages(
     }
     let parse = plan.parse_format();
     let skip_special = !(parse.is_some() && state.agent().markers_special);
-    let mut gen = Generation::start_with(
-        &state,
-        draft,
-        req.stop_sequences.clone().unwrap_or_default(),
-        skip_special,
-    )
-    .await?;
+    let text = TextOptions {
+        stop: req.stop_sequences.clone().unwrap_or_default(),
+        skip_special_tokens: skip_special,
+        include_stop_str_in_output: false,
+    };
+    let mut gen = Generation::start_with(&state, draft, text).await?;
     let id = gen.request_id().to_string();
     let tools = (parse, plan.parallel);
     let mut resp = if req.stream.unwrap_or(false) {

@@ -128,12 +128,11 @@ macro_rules! common {
                 "guided_grammar",
                 "vLLM extension: Lark grammar (llguidance)",
             ),
-            ignored("user", "an end-user label; cachet keeps no per-user state"),
-            rejected(
+            yes(
                 "include_stop_str_in_output",
-                "stop strings are always cut from the text",
-                never,
+                "vLLM extension: the stop string (or stop token's text) that ended the text stays in it",
             ),
+            ignored("user", "an end-user label; cachet keeps no per-user state"),
         ]
     };
 }
@@ -209,7 +208,7 @@ const COMPLETIONS_ONLY: [Field; 5] = [
         "prompt",
         "a string, token ids, or a list of either (one request each; not streamed)",
     ),
-    yes("logprobs", "up to 20 alternatives"),
+    yes("logprobs", "up to 20 alternatives, and the chosen token itself (up to `logprobs` + 1 entries, as OpenAI and vLLM)"),
     yes(
         "echo",
         "the prompt first; with logprobs, its tokens' logprobs (max_tokens may be 0)",

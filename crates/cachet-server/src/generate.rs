@@ -39,8 +39,11 @@ pub enum StopKind {
     Eos,
     /// `max_tokens` or the context length.
     Length,
-    /// One of the request's stop strings (not included in the text).
+    /// One of the request's stop strings.
     StopString(String),
+    /// One of the request's `stop_token_ids` (not EOS while EOS ends the request: that is
+    /// [`StopKind::Eos`], as vLLM reports it).
+    StopToken(u32),
     /// The engine aborted the request (e.g. shutdown).
     Abort,
     /// The engine failed while the request was live.
@@ -50,7 +53,7 @@ pub enum StopKind {
 impl StopKind {
     pub fn openai(&self) -> &'static str {
         match self {
-            StopKind::Eos | StopKind::StopString(_) => "stop",
+            StopKind::Eos | StopKind::StopString(_) | StopKind::StopToken(_) => "stop",
             StopKind::Length => "length",
             StopKind::Abort => "abort",
             StopKind::Error => "error",
@@ -116,6 +119,8 @@ struct Seq {
     detok: IncrementalDetokenizer,
     stop: StopMatcher,
     stop_hit: Option<String>,
+    /// The last token received.
+    last_token: Option<u32>,
     tokens_received: u64,
     /// Generated tokens as the engine counted them (from the sequence's finished record).
     generated: Option<u64>,
@@ -145,9 +150,13 @@ pub struct Generation {
     state: AppState,
     stream: RequestStream,
     request_id: String,
-    /// With special tokens kept (tool-call markers that are control tokens): the ids that end
-    /// the request (EOS, stop tokens), never text.
+    /// The ids that end the request (EOS, stop tokens), never text unless the client asked for
+    /// the stop's text ([`TextOptions::include_stop_str_in_output`]).
     drop_ids: Option<Vec<u32>>,
+    /// The request's `stop_token_ids`, and the EOS ids when EOS ends it: what tells a stop
+    /// token from EOS at the end.
+    stop_token_ids: Vec<u32>,
+    eos_ids: Vec<u32>,
     seqs: Vec<Seq>,
     want_tokens: bool,
     /// A sequence's first `min_tokens` tokens may not end it by a stop string (the engine's
@@ -206,6 +215,30 @@ fn map_add_error(e: AddRequestError) -> ApiError {
     }
 }
 
+/// How a generation's tokens become text.
+#[derive(Clone, Debug)]
+pub struct TextOptions {
+    /// Stop strings: the text ends before the first (or through it, below).
+    pub stop: Vec<String>,
+    /// Special tokens are not text (vLLM's `skip_special_tokens`, default true).
+    pub skip_special_tokens: bool,
+    /// vLLM's `include_stop_str_in_output`: the stop string that ended the text, and the text
+    /// of a stop token (`stop_token_ids`, EOS) that ended it, stay in it (a special one only
+    /// with `skip_special_tokens` false).
+    pub include_stop_str_in_output: bool,
+}
+
+impl TextOptions {
+    /// Stop strings cut from the text, special tokens skipped.
+    pub fn stops(stop: Vec<String>) -> Self {
+        TextOptions {
+            stop,
+            skip_special_tokens: true,
+            include_stop_str_in_output: false,
+        }
+    }
+}
+
 impl Generation {
     /// Validates the draft against the engine's limits (the one validation of the request) and
     /// submits it. `draft.label` is the response id.
@@ -214,23 +247,33 @@ impl Generation {
         draft: RequestDraft,
         stop: Vec<String>,
     ) -> Result<Self, ApiError> {
-        Self::start_with(state, draft, stop, true).await
+        Self::start_with(state, draft, TextOptions::stops(stop)).await
     }
 
-    /// [`Generation::start`] with the choice of dropping special tokens from the text
-    /// (`skip_special_tokens`); when they are kept, EOS and stop tokens still never become text.
+    /// [`Generation::start`] with the text's options: unless the stop token's text is asked
+    /// for, EOS and stop tokens never become text, also when special tokens are kept.
     pub async fn start_with(
         state: &AppState,
         draft: RequestDraft,
-        stop: Vec<String>,
-        skip_special_tokens: bool,
+        text: TextOptions,
     ) -> Result<Self, ApiError> {
-        let drop_ids = (!skip_special_tokens).then(|| {
+        let TextOptions {
+            stop,
+            skip_special_tokens,
+            include_stop_str_in_output: include_stop,
+        } = text;
+        let drop_ids = (!include_stop).then(|| {
             let mut v = state.tokenizer().eos_token_ids().to_vec();
             v.extend_from_slice(&draft.sampling.stop_token_ids);
             v
         });
         let want_tokens = draft.sampling.logprobs.is_some();
+        let stop_token_ids = draft.sampling.stop_token_ids.clone();
+        let eos_ids = if draft.sampling.ignore_eos {
+            Vec::new()
+        } else {
+            state.tokenizer().eos_token_ids().to_vec()
+        };
         let min_tokens = u64::from(draft.sampling.min_tokens);
         let prompt_len = draft.prompt.len();
         let request_id = draft.label.to_string();
@@ -244,8 +287,10 @@ impl Generation {
                     skip_special_tokens,
                 ),
                 stop: StopMatcher::new(stop.clone())
+                    .map(|m| if include_stop { m.including_match() } else { m })
                     .map_err(|e| ApiError::bad_param("stop", e.to_string()))?,
                 stop_hit: None,
+                last_token: None,
                 tokens_received: 0,
                 generated: None,
                 spec_decode: None,
@@ -275,6 +320,8 @@ impl Generation {
             stream,
             request_id,
             drop_ids,
+            stop_token_ids,
+            eos_ids,
             seqs,
             want_tokens,
             min_tokens,
@@ -357,6 +404,9 @@ impl Generation {
                     };
                     let before = seq.tokens_received;
                     seq.tokens_received += out.tokens.len() as u64;
+                    if let Some(t) = out.tokens.last() {
+                        seq.last_token = Some(t.token);
+                    }
                     if out.spec_decode.is_some() {
                         seq.spec_decode = out.spec_decode;
                     }
@@ -461,10 +511,15 @@ impl Generation {
             return;
         };
         seq.done = true;
+        let stop_token = seq
+            .last_token
+            .filter(|t| !self.eos_ids.contains(t) && self.stop_token_ids.contains(t));
         let stop = match (&seq.stop_hit, reason, &error) {
             (_, _, Some(_)) | (None, Some(FinishReason::Error), _) => StopKind::Error,
             (Some(s), _, _) => StopKind::StopString(s.clone()),
-            (None, Some(FinishReason::Stop), _) => StopKind::Eos,
+            (None, Some(FinishReason::Stop), _) => {
+                stop_token.map_or(StopKind::Eos, StopKind::StopToken)
+            }
             (None, Some(FinishReason::Length), _) => StopKind::Length,
             (None, Some(FinishReason::Abort), _) | (None, None, _) => StopKind::Abort,
         };

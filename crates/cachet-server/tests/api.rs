@@ -442,6 +442,88 @@ async fn min_tokens_holds_back_stop_strings() {
     }
 }
 
+/// The text of a completion, streamed, chunk by chunk joined.
+async fn streamed_text(h: &Harness, mut body: Value) -> String {
+    body["stream"] = json!(true);
+    let (_, events, _) = h.stream("/v1/completions", body).await;
+    let mut text = String::new();
+    for (_, d) in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        text.push_str(c["choices"][0]["text"].as_str().unwrap());
+    }
+    text
+}
+
+#[tokio::test]
+async fn include_stop_str_in_output_keeps_what_ended_the_text() {
+    // One byte, one token (byte b is token b + 3). A stop string first found at `cut` ends the
+    // text at `cut`, or through the stop string when kept; a stop token at the first
+    // occurrence `q` of its byte ends it at `q`, or at `q + 1` when kept. The engine ends the
+    // request at the same token either way, so the usage does not change.
+    let h = start(Opts::default());
+    let prompt = "The include stop test prompt";
+    let full = greedy_text(&h, prompt, 40).await;
+    let stop = pick_stop(&full);
+    let cut = full.find(&stop).unwrap();
+    let q_byte = full.as_bytes()[cut];
+    assert!(q_byte.is_ascii(), "{full:?}");
+    let q = full.find(q_byte as char).unwrap();
+    let stop_id = q_byte as u32 + 3;
+    for include in [false, true] {
+        let cases = [
+            (
+                json!({"stop": stop}),
+                if include { cut + stop.len() } else { cut },
+                cut + stop.len(),
+                json!(stop),
+            ),
+            (
+                json!({"stop_token_ids": [stop_id]}),
+                if include { q + 1 } else { q },
+                q + 1,
+                json!(stop_id),
+            ),
+        ];
+        for (extra, text_len, tokens, reason) in cases {
+            let mut body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "include_stop_str_in_output": include});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            let (s, v, _) = h.post("/v1/completions", body.clone()).await;
+            assert_eq!(s, StatusCode::OK, "{v}");
+            let c = &v["choices"][0];
+            assert_eq!(c["text"], &full[..text_len], "{body}");
+            assert_eq!(c["finish_reason"], "stop", "{body}");
+            assert_eq!(c["stop_reason"], reason, "{body}");
+            assert_eq!(v["usage"]["completion_tokens"], tokens as u64, "{body}");
+            assert_eq!(
+                streamed_text(&h, body.clone()).await,
+                &full[..text_len],
+                "streamed {body}"
+            );
+        }
+    }
+    // Chat takes it too.
+    let chat = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+    let (_, v, _) = h.post("/v1/chat/completions", chat.clone()).await;
+    let full = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stop = pick_stop(&full);
+    let cut = full.find(&stop).unwrap();
+    let mut body = chat;
+    body["stop"] = json!(stop);
+    body["include_stop_str_in_output"] = json!(true);
+    let (s, v, _) = h.post("/v1/chat/completions", body).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        &full[..cut + stop.len()]
+    );
+    assert_eq!(v["choices"][0]["stop_reason"], json!(stop));
+}
+
 #[tokio::test]
 async fn anthropic_non_streaming_usage() {
     let h = start(Opts::default());

@@ -5,6 +5,10 @@
 //! earliest match wins, and at the same position the longest stop string (then the first one
 //! listed).
 //!
+//! With the matched stop string kept ([`StopMatcher::including_match`], vLLM's
+//! `include_stop_str_in_output`) nothing is held back: the text runs through the end of the
+//! first stop string to end, and nothing after it is emitted.
+//!
 //! All stop strings live in one Aho-Corasick automaton whose state is carried from delta to
 //! delta, so a push costs time proportional to the delta, whatever the number of stop strings:
 //! each byte is one transition, and the held-back text is the longest suffix of the stream that
@@ -101,6 +105,8 @@ pub struct StopMatcher {
     state: Option<StateID>,
     /// Text received but not yet emitted: always a possible prefix of a stop string.
     pending: String,
+    /// The matched stop string is emitted too (nothing is held back).
+    include_match: bool,
     done: bool,
 }
 
@@ -109,6 +115,7 @@ impl std::fmt::Debug for StopMatcher {
         f.debug_struct("StopMatcher")
             .field("stops", &self.stops)
             .field("pending", &self.pending)
+            .field("include_match", &self.include_match)
             .field("done", &self.done)
             .finish()
     }
@@ -144,8 +151,16 @@ impl StopMatcher {
             compiled: Some(Compiled { nfa, depth }),
             state: Some(start),
             pending: String::new(),
+            include_match: false,
             done: false,
         })
+    }
+
+    /// The same matcher, emitting the stop string that ends the text too: text through the
+    /// end of the first occurrence of any stop string, nothing held back before it.
+    pub fn including_match(mut self) -> Self {
+        self.include_match = true;
+        self
     }
 
     /// The stop strings in use (empty ones dropped).
@@ -189,6 +204,22 @@ impl StopMatcher {
             sid = c.nfa.next_state(Anchored::No, sid, b);
             if may_match && c.nfa.is_match(sid) {
                 let end = base + i + 1;
+                if self.include_match {
+                    // The first stop string to end ends the text, itself included (at the same
+                    // end, the longest is the one reported).
+                    let idx = (0..c.nfa.match_len(sid))
+                        .map(|k| c.nfa.match_pattern(sid, k))
+                        .max_by_key(|&pid| (c.nfa.pattern_len(pid), std::cmp::Reverse(pid)))
+                        .map_or(0, |pid| pid.as_usize());
+                    let mut emit = std::mem::take(&mut self.pending);
+                    emit.truncate(floor_char_boundary(&emit, end));
+                    self.state = Some(sid);
+                    self.done = true;
+                    return StopOutcome {
+                        emit,
+                        matched: Some(idx),
+                    };
+                }
                 for k in 0..c.nfa.match_len(sid) {
                     let pid = c.nfa.match_pattern(sid, k);
                     let len = c.nfa.pattern_len(pid);
@@ -215,8 +246,10 @@ impl StopMatcher {
                 matched: Some(idx),
             };
         }
-        // Hold back the stream's longest suffix that is a prefix of some stop string.
+        // Hold back the stream's longest suffix that is a prefix of some stop string (nothing
+        // when the stop string is emitted anyway).
         let hold = match c.depth.get(&sid) {
+            _ if self.include_match => 0,
             Some(&d) => d.min(self.pending.len()),
             // Every state is a trie node recorded at build time; if not, hold what may matter.
             None => self.pending.len().min(MAX_STOP_BYTES - 1),
@@ -276,6 +309,28 @@ mod tests {
             run(&["END"], &["abc E", "N", "D tail"]),
             ("abc ".to_string(), Some(0))
         );
+    }
+
+    #[test]
+    fn an_included_stop_string_ends_the_text_and_nothing_is_held() {
+        let mut m = matcher(&["END", "ND!"]).including_match();
+        // No holdback: "E" and "N" could begin "END", yet they are emitted at once.
+        assert_eq!(m.push("abc E").emit, "abc E");
+        assert_eq!(m.push("N").emit, "N");
+        // "END" ends first (at "D"); its text runs to there, the rest of the piece is cut.
+        let o = m.push("D! tail");
+        assert_eq!((o.emit.as_str(), o.matched), ("D", Some(0)));
+        assert_eq!(m.push("more").emit, "");
+        assert_eq!(m.flush(), "");
+        // Two stop strings ending at one byte: the longest is the one reported.
+        let mut m = matcher(&["b", "ab"]).including_match();
+        let o = m.push("xab-");
+        assert_eq!((o.emit.as_str(), o.matched), ("xab", Some(1)));
+        // Within min_tokens the matcher passes text through, and a later piece may end it.
+        let mut m = matcher(&["ab"]).including_match();
+        assert_eq!(m.push_unmatched("ab").emit, "ab");
+        let o = m.push("cab!");
+        assert_eq!((o.emit.as_str(), o.matched), ("cab", Some(0)));
     }
 
     #[test]

@@ -129,6 +129,43 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// With the stop string kept, the emitted text is the whole text through the end of the
+    /// stop occurrence that ends first (found by brute force), or all of it without one; each
+    /// piece is emitted as it comes, up to that end.
+    #[test]
+    fn an_included_stop_ends_the_text_where_the_first_occurrence_ends(
+        stops in proptest::collection::vec(small_text(5), 0..6),
+        pieces in proptest::collection::vec(small_text(6), 0..12),
+    ) {
+        let mut m = StopMatcher::new(stops.clone()).unwrap().including_match();
+        let whole: String = pieces.concat();
+        let end = (1..=whole.len()).find(|&e| {
+            stops.iter().any(|s| !s.is_empty() && whole.as_bytes()[..e].ends_with(s.as_bytes()))
+        });
+        let mut out = String::new();
+        let mut seen = 0;
+        let mut matched = false;
+        for p in &pieces {
+            let o = m.push(p);
+            seen += p.len();
+            // Nothing held: all that arrived, up to the stop's end.
+            prop_assert_eq!(out.len() + o.emit.len(), end.map_or(seen, |e| e.min(seen)));
+            out.push_str(&o.emit);
+            if let Some(i) = o.matched {
+                prop_assert!(out.ends_with(m.stops()[i].as_str()));
+                matched = true;
+                break;
+            }
+        }
+        out.push_str(&m.flush());
+        prop_assert_eq!(matched, end.is_some());
+        prop_assert_eq!(out.as_str(), &whole[..end.unwrap_or(whole.len())]);
+    }
+}
+
 /// Splits `v` at the given cut points (taken modulo its length).
 fn split_at<T: Clone>(v: &[T], cuts: &[usize]) -> Vec<Vec<T>> {
     let mut cs: Vec<usize> = cuts

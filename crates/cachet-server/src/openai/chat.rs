@@ -138,8 +138,7 @@ pub async fn chat_completions(
     let parse = setup.plan.parse_format();
     let skip_special = req.common.skip_special_tokens.unwrap_or(true)
         && !(parse.is_some() && state.agent().markers_special);
-    let gen =
-        Generation::start_with(&state, draft, req.common.stop_strings(), skip_special).await?;
+    let gen = Generation::start_with(&state, draft, req.common.text_options(skip_special)).await?;
     let tools = ChatTools {
         format: parse,
         parallel: setup.plan.parallel,

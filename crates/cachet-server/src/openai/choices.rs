@@ -296,17 +296,22 @@ pub(super) fn vllm_prompt_logprobs(tok: &dyn TextTokenizer, plp: Option<&[Sample
 /// `tool_calls` when the answer called a tool and ended by itself, else the engine's reason.
 pub(super) fn finish_reason(fin: &Final, called: bool) -> &'static str {
     match fin.stop {
-        crate::generate::StopKind::Eos | crate::generate::StopKind::StopString(_) if called => {
+        crate::generate::StopKind::Eos
+        | crate::generate::StopKind::StopString(_)
+        | crate::generate::StopKind::StopToken(_)
+            if called =>
+        {
             "tool_calls"
         }
         _ => fin.stop.openai(),
     }
 }
 
-/// vLLM's `stop_reason`: the matched stop string, else null.
+/// vLLM's `stop_reason`: the matched stop string or stop token id, else null (EOS too).
 pub(super) fn stop_reason(fin: &Final) -> Value {
     match &fin.stop {
         crate::generate::StopKind::StopString(s) => json!(s),
+        crate::generate::StopKind::StopToken(id) => json!(id),
         _ => Value::Null,
     }
 }

@@ -179,8 +179,7 @@ pub async fn completions(
         let gen = Generation::start_with(
             &state,
             draft,
-            common.stop_strings(),
-            common.skip_special_tokens.unwrap_or(true),
+            common.text_options(common.skip_special_tokens.unwrap_or(true)),
         )
         .await
         .map_err(ApiError::for_prompt)?;

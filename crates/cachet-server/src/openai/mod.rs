@@ -22,7 +22,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use crate::error::{ApiError, OpenAiError};
-use crate::generate::{Final, Generation, REQUEST_ID_HEADER};
+use crate::generate::{Final, Generation, TextOptions, REQUEST_ID_HEADER};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput, StopField};
 use crate::structured::Guided;
 use crate::tools::{OpenAiTool, ToolPlan};
@@ -102,6 +102,9 @@ pub struct CommonParams {
     /// vLLM's `skip_special_tokens` (default true).
     #[serde(default)]
     pub skip_special_tokens: Option<bool>,
+    /// vLLM's `include_stop_str_in_output` (default false).
+    #[serde(default)]
+    pub include_stop_str_in_output: Option<bool>,
     /// vLLM's `prompt_logprobs`: the logprob of every prompt token after the first, with this
     /// many alternatives (the request does not read the prefix cache).
     #[serde(default)]
@@ -191,6 +194,15 @@ impl CommonParams {
             .clone()
             .map(StopField::into_vec)
             .unwrap_or_default()
+    }
+
+    /// Stop strings, `include_stop_str_in_output`, and special tokens skipped or not.
+    fn text_options(&self, skip_special_tokens: bool) -> TextOptions {
+        TextOptions {
+            stop: self.stop_strings(),
+            skip_special_tokens,
+            include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
+        }
     }
 
     fn include_usage(&self) -> bool {
