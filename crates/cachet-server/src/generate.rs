@@ -35,7 +35,7 @@ pub fn check_session_id(id: Option<&str>) -> Result<(), ApiError> {
 /// Why a generation ended, in the server's words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StopKind {
-    /// EOS or a stop token.
+    /// EOS (also when it is among the stop tokens).
     Eos,
     /// `max_tokens` or the context length.
     Length,
