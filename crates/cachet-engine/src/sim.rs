@@ -268,11 +268,9 @@ impl Executor for SimExecutor {
                     self.cfg.first_token + (h % vocab) as u32
                 };
                 let token = self.steer(h, token, spec.params);
-                let draw = |h: u64, token: u32| {
-                    match spec.params.logprobs {
-                        Some(k) => self.sim_logprobs(h, token, k),
-                        None => Sampled::token(token),
-                    }
+                let draw = |h: u64, token: u32| match spec.params.logprobs {
+                    Some(k) => self.sim_logprobs(h, token, k),
+                    None => Sampled::token(token),
                 };
                 if j == 0 && !spec.forks.is_empty() {
                     // Further independent draws from the same context (a forked request), each
