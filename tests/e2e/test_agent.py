@@ -418,7 +418,6 @@ def test_loglikelihood_request_shape_of_lm_evaluation_harness(plain_server):
         # The top 1 and the prompt token itself (OpenAI's "up to logprobs + 1").
         for tok, tlp, top in zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
             assert 1 <= len(top) <= 2 and top[tok] == tlp, (tok, tlp, top)
-            assert max(top.values()) >= tlp
         assert lp["text_offset"] == list(range(len(p)))
         assert c["finish_reason"] == "length"
     assert body["usage"]["completion_tokens"] == 0

@@ -386,6 +386,21 @@ async fn stop_strings_non_streaming_and_streaming() {
     .await;
 }
 
+/// A completion streamed with usage: its chunks' text joined, and the usage chunk's `usage`.
+async fn streamed_text(h: &Harness, mut body: Value) -> (String, Value) {
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let (_, events, _) = h.stream("/v1/completions", body).await;
+    // The last event is `[DONE]`, the one before it the usage chunk (no choices).
+    let mut text = String::new();
+    for (_, d) in &events[..events.len() - 2] {
+        let c: Value = serde_json::from_str(d).unwrap();
+        text.push_str(c["choices"][0]["text"].as_str().unwrap());
+    }
+    let usage: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
+    (text, usage["usage"].clone())
+}
+
 #[tokio::test]
 async fn min_tokens_holds_back_stop_strings() {
     // One byte, one token. A stop string may end the request only at a token after the
@@ -414,18 +429,9 @@ async fn min_tokens_holds_back_stop_strings() {
         );
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
         assert_eq!(v["usage"]["completion_tokens"], cut as u64 + 1, "{v}");
-        let mut body = body;
-        body["stream"] = json!(true);
-        body["stream_options"] = json!({"include_usage": true});
-        let (_, events, _) = h.stream("/v1/completions", body).await;
-        let mut text = String::new();
-        for (_, d) in &events[..events.len() - 2] {
-            let c: Value = serde_json::from_str(d).unwrap();
-            text.push_str(c["choices"][0]["text"].as_str().unwrap());
-        }
+        let (text, usage) = streamed_text(&h, body).await;
         assert_eq!(text, &full[..cut], "streamed, min_tokens {min_tokens}");
-        let usage: Value = serde_json::from_str(&events[events.len() - 2].1).unwrap();
-        assert_eq!(usage["usage"]["completion_tokens"], cut as u64 + 1);
+        assert_eq!(usage["completion_tokens"], cut as u64 + 1);
     }
     // Never again after the minimum: the whole text, to max_tokens.
     let (s, v, _) = h
@@ -440,18 +446,6 @@ async fn min_tokens_holds_back_stop_strings() {
             assert_eq!(v["choices"][0]["finish_reason"], "length");
         }
     }
-}
-
-/// The text of a completion, streamed, chunk by chunk joined.
-async fn streamed_text(h: &Harness, mut body: Value) -> String {
-    body["stream"] = json!(true);
-    let (_, events, _) = h.stream("/v1/completions", body).await;
-    let mut text = String::new();
-    for (_, d) in &events[..events.len() - 1] {
-        let c: Value = serde_json::from_str(d).unwrap();
-        text.push_str(c["choices"][0]["text"].as_str().unwrap());
-    }
-    text
 }
 
 #[tokio::test]
@@ -496,11 +490,8 @@ async fn include_stop_str_in_output_keeps_what_ended_the_text() {
             assert_eq!(c["finish_reason"], "stop", "{body}");
             assert_eq!(c["stop_reason"], reason, "{body}");
             assert_eq!(v["usage"]["completion_tokens"], tokens as u64, "{body}");
-            assert_eq!(
-                streamed_text(&h, body.clone()).await,
-                &full[..text_len],
-                "streamed {body}"
-            );
+            let (text, _) = streamed_text(&h, body.clone()).await;
+            assert_eq!(text, &full[..text_len], "streamed {body}");
         }
     }
     // Chat takes it too.

@@ -127,10 +127,6 @@ proptest! {
             prop_assert!(!out.contains(s.as_str()), "{:?} emitted in {:?}", s, out);
         }
     }
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// With the stop string kept, the emitted text is the whole text through the end of the
     /// stop occurrence that ends first (found by brute force), or all of it without one; each

@@ -295,15 +295,9 @@ pub(super) fn vllm_prompt_logprobs(tok: &dyn TextTokenizer, plp: Option<&[Sample
 
 /// `tool_calls` when the answer called a tool and ended by itself, else the engine's reason.
 pub(super) fn finish_reason(fin: &Final, called: bool) -> &'static str {
-    match fin.stop {
-        crate::generate::StopKind::Eos
-        | crate::generate::StopKind::StopString(_)
-        | crate::generate::StopKind::StopToken(_)
-            if called =>
-        {
-            "tool_calls"
-        }
-        _ => fin.stop.openai(),
+    match fin.stop.openai() {
+        "stop" if called => "tool_calls",
+        reason => reason,
     }
 }
 
