@@ -91,17 +91,35 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
             )
         };
     }
+    // A pair walked by one tile (a batch of up to `MR` rows: a decode token, or a token and
+    // its drafts) spreads its prefetch of the next pair over both halves' passes, a block
+    // every second step: the second pass reads its lines from L1, so with every prefetch
+    // issued in the first one the memory idled through it (the default model's matmul set at
+    // m = 1 to 6, one and two threads, 5–10 % faster on an Intel Xeon Ice Lake; docs/
+    // benchmarks.md §4, twenty-third session). Pairs walked by several tiles keep the split of
+    // `TileJob::prefetch_every`, in the first pass.
+    let spread = job.prefetch_every == 1;
     for g in 0..NG {
+        // Block steps of this group's passes so far (`spread`).
+        let mut step = 0;
         for h in 0..2 {
             let mut accf = [_mm256_setzero_ps(); MR];
             // The next block to prefetch (see `TileJob::prefetch`).
             let mut pf_next = job.prefetch_phase;
             for b in 0..p.nb {
                 let base = w0.add(g * gb + b * F::STRIDE);
-                if job.prefetch != 0 && h == 0 && b == pf_next {
-                    super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
-                    pf_next += job.prefetch_every;
+                if job.prefetch != 0 {
+                    if spread {
+                        if step % 2 == 0 {
+                            let blk = w0.wrapping_add(g * gb + step / 2 * F::STRIDE);
+                            super::prefetch_lines(blk.wrapping_add(job.prefetch), F::STRIDE);
+                        }
+                    } else if h == 0 && b == pf_next {
+                        super::prefetch_lines(base.wrapping_add(job.prefetch), F::STRIDE);
+                        pf_next += job.prefetch_every;
+                    }
                 }
+                step += 1;
                 macro_rules! wv {
                     ($s:expr) => {
                         _mm256_loadu_si256(base.add(64 * $s + 32 * h) as *const __m256i)
