@@ -37,10 +37,10 @@ pub struct FidelityArgs {
     /// GGUF file (default: ~/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::positive::<usize>)]
     pub threads: usize,
     /// Positions per executor step.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = crate::positive::<usize>)]
     pub chunk: usize,
     /// Use only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0)]

@@ -29,6 +29,21 @@ pub mod workload;
 
 use clap::{Args, Subcommand};
 
+/// A clap value parser for counts and sizes that must be at least 1 (a repetition count, a
+/// thread count, a prompt length): 0 would measure nothing, or ask the executor for a token
+/// of an empty prompt, so it is refused with the usage error rather than failing mid-run.
+pub(crate) fn positive<T>(s: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + PartialOrd + From<u8>,
+    T::Err: std::fmt::Display,
+{
+    let v: T = s.parse().map_err(|e: T::Err| e.to_string())?;
+    if v < T::from(1) {
+        return Err("must be at least 1".into());
+    }
+    Ok(v)
+}
+
 pub use compare::CompareArgs;
 pub use error::BenchError;
 pub use kernel::KernelArgs;
@@ -104,4 +119,54 @@ pub fn run(cmd: BenchCmd) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(subcommand)]
+        cmd: super::BenchCmd,
+    }
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn zero_counts_are_usage_errors() {
+        for args in [
+            &["kernel", "--reps", "0"][..],
+            &["kernel", "--ttft-prompt", "0"],
+            &["kernel", "--depth", "0"],
+            &["kernel", "--batches", "1,0,16"],
+            &["spec", "--free-tokens", "0"],
+            &["spec", "--num-speculative-tokens", "0"],
+            &["fidelity", "--chunk", "0"],
+        ] {
+            let e = parse(args).expect_err(&format!("{args:?} must be refused"));
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{args:?}"
+            );
+            assert!(
+                e.to_string().contains("must be at least 1"),
+                "{args:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn positive_counts_parse() {
+        let cli = parse(&["kernel", "--reps", "1", "--batches", "1,16"]).expect("valid");
+        let super::BenchCmd::Kernel(k) = cli.cmd else {
+            panic!("not the kernel subcommand: {cli:?}");
+        };
+        assert_eq!((k.reps, k.batches), (1, vec![1, 16]));
+        assert_eq!(super::positive::<u32>("7"), Ok(7));
+        assert!(super::positive::<usize>("-1").is_err());
+    }
 }

@@ -30,22 +30,22 @@ pub struct SpecArgs {
     /// GGUF file (default: ~/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::positive::<usize>)]
     pub threads: usize,
     /// Repetitions of each (workload, mode), interleaved.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::positive::<usize>)]
     pub reps: usize,
     /// Functions in the generated code file (about 40 tokens each).
-    #[arg(long, default_value_t = 17)]
+    #[arg(long, default_value_t = 17, value_parser = crate::positive::<usize>)]
     pub functions: usize,
     /// Most tokens generated for the free-form workload.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::positive::<u32>)]
     pub free_tokens: u32,
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = crate::positive::<usize>)]
     pub num_speculative_tokens: usize,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::positive::<usize>)]
     pub spec_ngram_min: usize,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 4, value_parser = crate::positive::<usize>)]
     pub spec_ngram_max: usize,
     /// Also run speculation with fixed drafts (`adaptive: false`: no backoff, no shortening), interleaved
     /// with the other two modes.
@@ -55,7 +55,7 @@ pub struct SpecArgs {
     #[arg(long)]
     pub no_cost: bool,
     /// Interleaved repetitions of each step of the verification-cost measurement.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 60, value_parser = crate::positive::<usize>)]
     pub cost_reps: usize,
     /// Write the results as JSON here.
     #[arg(long)]

@@ -30,35 +30,35 @@ pub struct KernelArgs {
     /// GGUF file (default: ~/.cache/cachet/SmolLM2-135M-Instruct.Q4_1.gguf).
     #[arg(long)]
     pub model: Option<PathBuf>,
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::positive::<usize>)]
     pub threads: usize,
     /// Repetitions of each measurement (mean ± sample std reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = crate::positive::<usize>)]
     pub reps: usize,
     /// Prefill length (llama-bench -p).
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, value_parser = crate::positive::<usize>)]
     pub prompt: usize,
     /// Decode steps at batch 1 from an empty context (llama-bench -n).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = crate::positive::<usize>)]
     pub gen: usize,
     /// Batch sizes for batched decode (aggregate tok/s).
-    #[arg(long, value_delimiter = ',', default_value = "1,8,16,32")]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,16,32", value_parser = crate::positive::<usize>)]
     pub batches: Vec<usize>,
     /// Context of each sequence before the timed batched decode steps
     /// (llama-batched-bench -npp).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = crate::positive::<usize>)]
     pub batch_ctx: usize,
     /// Timed decode steps per batched measurement (llama-batched-bench -ntg).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::positive::<usize>)]
     pub batch_steps: usize,
     /// Context depth of the batch-1 long-context decode (llama-bench -d).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = crate::positive::<usize>)]
     pub depth: usize,
     /// Decode steps at --depth (llama-bench -n with -d).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = crate::positive::<usize>)]
     pub depth_steps: usize,
     /// Prompt length of the cold vs cached TTFT measurement.
-    #[arg(long, default_value_t = 1500)]
+    #[arg(long, default_value_t = 1500, value_parser = crate::positive::<usize>)]
     pub ttft_prompt: usize,
     /// llama-bench binary (default: ~/.cache/cachet/peer/bin/llama-bench).
     #[arg(long)]
