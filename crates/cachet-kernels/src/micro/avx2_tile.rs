@@ -69,9 +69,18 @@ unsafe fn store8<const MR: usize>(job: &TileJob, accf: &[__m256; MR], r: usize) 
 }
 
 /// The tile kernel of both variants (`VNNI` selects `vpdpbusd`; the other branch is removed
-/// at compile time). Always inlined into a wrapper that enables the instruction set.
+/// at compile time; `SPREAD`: the job's pair is walked by this tile alone, see below). Always
+/// inlined into a wrapper that enables the instruction set.
 #[inline(always)]
-unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(job: &TileJob) {
+unsafe fn tile_body<
+    F: Fmt,
+    const MR: usize,
+    const NG: usize,
+    const VNNI: bool,
+    const SPREAD: bool,
+>(
+    job: &TileJob,
+) {
     let p = job.p;
     let gb = p.group_bytes();
     let w0 = p.bytes().as_ptr().add(job.g0 * gb);
@@ -97,10 +106,11 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
     // issued in the first one the memory idled through it (the default model's matmul set at
     // m = 1 to 6, one and two threads, 5–10 % faster on an Intel Xeon Ice Lake; docs/
     // benchmarks.md §4, twenty-third session). Pairs walked by several tiles keep the split of
-    // `TileJob::prefetch_every`, in the first pass.
-    let spread = job.prefetch_every == 1;
+    // `TileJob::prefetch_every`, in the first pass, and the loop they had before (a separate
+    // instance: with the choice made inside the loop, the Q8_0 lm_head at batch 16 took 14–19 %
+    // longer in `cachet bench kernel`'s phase table, against the unchanged o/ffn).
     for g in 0..NG {
-        // Block steps of this group's passes so far (`spread`).
+        // Block steps of this group's passes so far (`SPREAD`).
         let mut step = 0;
         for h in 0..2 {
             let mut accf = [_mm256_setzero_ps(); MR];
@@ -109,7 +119,7 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
             for b in 0..p.nb {
                 let base = w0.add(g * gb + b * F::STRIDE);
                 if job.prefetch != 0 {
-                    if spread {
+                    if SPREAD {
                         if step % 2 == 0 {
                             let blk = w0.wrapping_add(g * gb + step / 2 * F::STRIDE);
                             super::prefetch_lines(blk.wrapping_add(job.prefetch), F::STRIDE);
@@ -211,11 +221,19 @@ unsafe fn tile_body<F: Fmt, const MR: usize, const NG: usize, const VNNI: bool>(
 /// AVX2 micro-kernel: `MR` activation rows × `NG` groups of 16 weight rows, `vpmaddubsw`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn tile_avx2<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
-    tile_body::<F, MR, NG, false>(job)
+    if job.prefetch_every == 1 {
+        tile_body::<F, MR, NG, false, true>(job)
+    } else {
+        tile_body::<F, MR, NG, false, false>(job)
+    }
 }
 
 /// AVX-VNNI micro-kernel: as [`tile_avx2`] with `vpdpbusd` on 256-bit registers.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(crate) unsafe fn tile_avx2_vnni<F: Fmt, const MR: usize, const NG: usize>(job: &TileJob) {
-    tile_body::<F, MR, NG, true>(job)
+    if job.prefetch_every == 1 {
+        tile_body::<F, MR, NG, true, true>(job)
+    } else {
+        tile_body::<F, MR, NG, true, false>(job)
+    }
 }
