@@ -126,7 +126,10 @@ def add(total: dict, sd: dict) -> None:
 
 
 def sse_events(r) -> list[dict]:
-    return [json.loads(l[6:]) for l in r.iter_lines(decode_unicode=True) if l.startswith("data: {")]
+    # Lines as bytes, decoded as UTF-8 here: SSE is UTF-8 whatever a header says, and a
+    # Latin-1 decode splits lines at the byte 0x85 inside a character such as "★".
+    lines = (l.decode("utf-8") for l in r.iter_lines())
+    return [json.loads(l[6:]) for l in lines if l.startswith("data: {")]
 
 
 @real_model

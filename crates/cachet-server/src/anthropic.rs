@@ -418,7 +418,9 @@ pub async fn messages(
     let id = gen.request_id().to_string();
     let tools = (parse, plan.parallel);
     let mut resp = if req.stream.unwrap_or(false) {
-        Sse::new(stream_events(state, gen, model, tools, billing_removed)).into_response()
+        crate::generate::utf8_event_stream(
+            Sse::new(stream_events(state, gen, model, tools, billing_removed)).into_response(),
+        )
     } else {
         let mut text = String::new();
         let mut fin = None;

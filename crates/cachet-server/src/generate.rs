@@ -4,7 +4,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::Response;
 use cachet_core::request::{InvalidRequest, StopCheck, StopStrings};
 use cachet_core::stats::SpecDecodeCounts;
 use cachet_core::{FinishReason, Report, RequestDraft, Sampled, SessionInfo};
@@ -567,4 +568,17 @@ impl Generation {
             self.done = true;
         }
     }
+}
+
+/// A streamed generation's response declared UTF-8: `text/event-stream; charset=utf-8`, as
+/// OpenAI, Anthropic and vLLM send it. Server-sent events are always UTF-8, but a client that
+/// goes by the header alone (Python `requests` reads a `text/*` type without a charset as
+/// ISO-8859-1) would otherwise split a line inside a character whose UTF-8 holds the byte 0x85,
+/// which Latin-1 makes a line break (NEL): `"★"` is `E2 98 85`.
+pub(crate) fn utf8_event_stream(mut resp: Response) -> Response {
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    resp
 }

@@ -146,10 +146,12 @@ async fn chat_streaming_with_usage() {
     body["stream_options"] = json!({"include_usage": true});
     let (s, events, resp) = h.stream("/v1/chat/completions", body).await;
     assert_eq!(s, StatusCode::OK);
-    assert!(resp.headers()["content-type"]
-        .to_str()
-        .unwrap()
-        .starts_with("text/event-stream"));
+    // Declared UTF-8, as OpenAI and vLLM do (a client going by the header would otherwise
+    // read the bytes as Latin-1: see `generate::utf8_event_stream`).
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream; charset=utf-8"
+    );
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let chunks: Vec<Value> = events[..events.len() - 1]
         .iter()
@@ -568,6 +570,10 @@ async fn anthropic_streaming_event_sequence() {
     let body = json!({"model": MODEL, "max_tokens": 6, "stream": true, "messages": [{"role": "user", "content": "stream it"}]});
     let (s, events, resp) = h.stream("/v1/messages", body).await;
     assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream; charset=utf-8"
+    );
     let names: Vec<&str> = events.iter().map(|(e, _)| e.as_deref().unwrap()).collect();
     assert_eq!(names[..3], ["message_start", "content_block_start", "ping"]);
     assert_eq!(

@@ -400,7 +400,10 @@ async fn run(
             shape,
             include_usage,
         ));
-        return Ok(with_request_id(sse.into_response(), &id));
+        return Ok(with_request_id(
+            crate::generate::utf8_event_stream(sse.into_response()),
+            &id,
+        ));
     }
     let tok = state.tokenizer().clone();
     let collected = match collect_choices(tok.as_ref(), &mut gen, kind, tools, &shape).await {
