@@ -305,14 +305,17 @@ async fn greedy_text(h: &Harness, prompt: &str, max_tokens: u32) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
-/// A stop string taken from the middle of the greedy text.
-fn pick_stop(text: &str) -> String {
+/// A stop string taken from the middle of the greedy text, and the byte offset where it first
+/// occurs in it (where a stop ends the text).
+fn pick_stop(text: &str) -> (String, usize) {
     let chars: Vec<char> = text.chars().collect();
     assert!(
         chars.len() >= 16,
         "greedy text too short to pick a stop string: {text:?}"
     );
-    chars[8..11].iter().collect()
+    let stop: String = chars[8..11].iter().collect();
+    let cut = text.find(&stop).unwrap();
+    (stop, cut)
 }
 
 #[tokio::test]
@@ -320,8 +323,8 @@ async fn stop_strings_non_streaming_and_streaming() {
     let h = start(Opts::default());
     let prompt = "The stop string test prompt";
     let full = greedy_text(&h, prompt, 40).await;
-    let stop = pick_stop(&full);
-    let expected = &full[..full.find(&stop).unwrap()];
+    let (stop, cut) = pick_stop(&full);
+    let expected = &full[..cut];
 
     let (s, v, _) = h
         .post("/v1/completions", json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "stop": stop}))
@@ -366,8 +369,8 @@ async fn stop_strings_non_streaming_and_streaming() {
         .as_str()
         .unwrap()
         .to_string();
-    let stop = pick_stop(&chat_text);
-    let expected = &chat_text[..chat_text.find(&stop).unwrap()];
+    let (stop, cut) = pick_stop(&chat_text);
+    let expected = &chat_text[..cut];
     let (s, v, _) = h
         .post("/v1/messages", json!({"model": MODEL, "max_tokens": 40, "temperature": 0, "messages": [{"role": "user", "content": prompt}], "stop_sequences": [stop]}))
         .await;
@@ -459,8 +462,7 @@ async fn include_stop_str_in_output_keeps_what_ended_the_text() {
     let h = start(Opts::default());
     let prompt = "The include stop test prompt";
     let full = greedy_text(&h, prompt, 40).await;
-    let stop = pick_stop(&full);
-    let cut = full.find(&stop).unwrap();
+    let (stop, cut) = pick_stop(&full);
     let q_byte = full.as_bytes()[cut];
     assert!(q_byte.is_ascii(), "{full:?}");
     let q = full.find(q_byte as char).unwrap();
@@ -503,8 +505,7 @@ async fn include_stop_str_in_output_keeps_what_ended_the_text() {
         .as_str()
         .unwrap()
         .to_string();
-    let stop = pick_stop(&full);
-    let cut = full.find(&stop).unwrap();
+    let (stop, cut) = pick_stop(&full);
     let mut body = chat;
     body["stop"] = json!(stop);
     body["include_stop_str_in_output"] = json!(true);

@@ -200,6 +200,8 @@ impl StopMatcher {
         self.pending.push_str(text);
         // (start, length, index) of the best match: earliest start, then longest, then first.
         let mut best: Option<(usize, usize, usize)> = None;
+        // With the match kept: (end, index) of the first stop string to end.
+        let mut kept: Option<(usize, usize)> = None;
         for (i, &b) in text.as_bytes().iter().enumerate() {
             sid = c.nfa.next_state(Anchored::No, sid, b);
             if may_match && c.nfa.is_match(sid) {
@@ -211,14 +213,8 @@ impl StopMatcher {
                         .map(|k| c.nfa.match_pattern(sid, k))
                         .max_by_key(|&pid| (c.nfa.pattern_len(pid), std::cmp::Reverse(pid)))
                         .map_or(0, |pid| pid.as_usize());
-                    let mut emit = std::mem::take(&mut self.pending);
-                    emit.truncate(floor_char_boundary(&emit, end));
-                    self.state = Some(sid);
-                    self.done = true;
-                    return StopOutcome {
-                        emit,
-                        matched: Some(idx),
-                    };
+                    kept = Some((end, idx));
+                    break;
                 }
                 for k in 0..c.nfa.match_len(sid) {
                     let pid = c.nfa.match_pattern(sid, k);
@@ -237,9 +233,10 @@ impl StopMatcher {
             }
         }
         self.state = Some(sid);
-        if let Some((start, _, idx)) = best {
+        // The text ends where the stop string starts, or where it ends when it is kept.
+        if let Some((cut, idx)) = kept.or(best.map(|(start, _, idx)| (start, idx))) {
             let mut emit = std::mem::take(&mut self.pending);
-            emit.truncate(floor_char_boundary(&emit, start));
+            emit.truncate(floor_char_boundary(&emit, cut));
             self.done = true;
             return StopOutcome {
                 emit,

@@ -110,8 +110,6 @@ unsafe fn tile_body<
     // instance: with the choice made inside the loop, the Q8_0 lm_head at batch 16 took 14–19 %
     // longer in `cachet bench kernel`'s phase table, against the unchanged o/ffn).
     for g in 0..NG {
-        // Block steps of this group's passes so far (`SPREAD`).
-        let mut step = 0;
         for h in 0..2 {
             let mut accf = [_mm256_setzero_ps(); MR];
             // The next block to prefetch (see `TileJob::prefetch`).
@@ -120,7 +118,9 @@ unsafe fn tile_body<
                 let base = w0.add(g * gb + b * F::STRIDE);
                 if job.prefetch != 0 {
                     if SPREAD {
-                        if step % 2 == 0 {
+                        // Block step `h · nb + b` of the group's two passes.
+                        let step = h * p.nb + b;
+                        if step.is_multiple_of(2) {
                             let blk = w0.wrapping_add(g * gb + step / 2 * F::STRIDE);
                             super::prefetch_lines(blk.wrapping_add(job.prefetch), F::STRIDE);
                         }
@@ -129,7 +129,6 @@ unsafe fn tile_body<
                         pf_next += job.prefetch_every;
                     }
                 }
-                step += 1;
                 macro_rules! wv {
                     ($s:expr) => {
                         _mm256_loadu_si256(base.add(64 * $s + 32 * h) as *const __m256i)
