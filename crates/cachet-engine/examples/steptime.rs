@@ -11,7 +11,21 @@ fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let telemetry = mode != "off";
     let insight = if mode == "full" {
-        InsightConfig::full()
+        // `CACHET_ABLATE` takes pieces out, as in `benches/engine.rs`.
+        let mut cfg = InsightConfig::full();
+        for part in std::env::var("CACHET_ABLATE")
+            .unwrap_or_default()
+            .split(',')
+        {
+            match part {
+                "history" => cfg.request_history = 0,
+                "index" => cfg.block_index = false,
+                "shadow" => cfg.shadow_blocks = Some(0),
+                "tenants" => cfg.max_tenant_labels = None,
+                _ => {}
+            }
+        }
+        cfg
     } else {
         InsightConfig::off()
     };
