@@ -9,9 +9,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use super::blocks::{BlockIndex, NONE};
-use super::deferred::{IndexQueue, Retirement};
+use super::deferred::IndexQueue;
 use super::divergence::{ContextTokens, Divergence, DIVERGENCE_CONTEXT};
-use super::hot::{Hot, Ids};
+use super::hot::{Ids, Live};
 use super::shadow::{Shadow, SCALES};
 use super::tenants::Tenants;
 use crate::block_pool::BlockPool;
@@ -22,8 +22,8 @@ use crate::stats::{MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
 pub use super::blocks::HotPrefix;
-use super::lifecycle::{expand, expanded_len, owners_of, release_owners, Ev, Kept, WITH_EVICTED};
 pub use super::lifecycle::{BlockEvent, BlockEventKind, RequestLifecycle, MAX_BLOCK_EVENTS};
+use super::lifecycle::{Chain, Kept, LifeLog, Part, Rec};
 
 /// How much the recorder keeps for cache insight.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +91,8 @@ pub struct RecentRequest {
 pub const RECENT_REQUESTS: usize = 32;
 
 /// The recorder's per-request insight state that the step does not touch per block (the
-/// record's; what a block boundary touches is in [`Hot`], dense by slot).
+/// record's; what a block boundary touches is dense by slot: its lifecycle's [`Chain`] and its
+/// [`Ids`]).
 #[derive(Debug, Default)]
 pub(crate) struct RequestInsight {
     pub tenant: Option<usize>,
@@ -146,16 +147,13 @@ pub(crate) struct Insight {
     index: Option<BlockIndex>,
     tenants: Option<Tenants>,
     history: VecDeque<Kept>,
-    /// Lifecycles dropped from the history, released in batches, and their buffers.
-    retirement: Retirement,
     recent: VecDeque<RecentRequest>,
-    /// By slot: what block boundaries touch (empty when neither lifecycles nor the block index
-    /// are kept).
-    hot: Vec<Hot>,
-    /// By slot: the root key, creator id and newest entry a fill reads (grown with `hot`).
-    ids: Vec<Ids>,
-    /// New entries and lifecycle fills not yet applied to the block index, in order
-    /// ([`Insight::flush`]).
+    /// Every kept lifecycle's records.
+    log: LifeLog,
+    /// By slot: the live request's lifecycle and what its fills read (empty when neither
+    /// lifecycles nor the block index are kept).
+    live: Vec<Live>,
+    /// New entries not yet applied to the block index, in order ([`Insight::flush`]).
     pending: IndexQueue,
 }
 
@@ -168,33 +166,63 @@ impl Insight {
             index: None,
             tenants: cfg.max_tenant_labels.map(Tenants::new),
             history: VecDeque::new(),
-            retirement: Retirement::default(),
             recent: VecDeque::new(),
-            hot: Vec::new(),
-            ids: Vec::new(),
+            log: LifeLog::new(),
+            live: Vec::new(),
             pending: IndexQueue::default(),
         }
     }
 
-    /// Apply the queued new entries and fills, in order. Called before anything reads or
-    /// changes the index, so nothing sees it late.
+    /// Apply the queued new entries, in order. Called before anything reads or changes the
+    /// index, so nothing sees it late.
     #[inline]
     fn flush(&mut self) {
         if !self.pending.is_empty() {
-            self.pending.apply(self.index.as_mut(), &mut self.hot);
+            self.pending.apply(self.index.as_mut());
         }
     }
 
-    /// Apply what is queued when it holds lifecycle fills: before anything else is recorded
-    /// in a lifecycle (a fill joins its allocation's record only if nothing came between).
+    /// Record `rec` in the lifecycle of the request in `slot`; false when it keeps none, or
+    /// has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as dropped).
     #[inline]
-    fn flush_fills(&mut self) {
-        if self.pending.has_fills() {
-            self.flush();
+    fn record(&mut self, slot: u32, rec: Rec) -> bool {
+        let i = slot as usize;
+        match self.live.get_mut(i).map(|l| &mut l.chain) {
+            Some(c) if c.on => {
+                if c.count() + rec.events() > MAX_BLOCK_EVENTS {
+                    c.dropped = c.dropped.saturating_add(rec.events() as u32);
+                    return false;
+                }
+            }
+            _ => return false,
         }
+        if self.log.full() {
+            self.make_room();
+        }
+        self.log.push(&mut self.live[i].chain, rec);
+        true
     }
 
-    /// Whether requests have a [`Hot`] state (lifecycles or the block index are kept).
+    /// Room in the log for the next record (the live and kept lifecycles hold theirs).
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self) {
+        let chains = self
+            .live
+            .iter_mut()
+            .map(|l| &mut l.chain)
+            .filter(|c| c.on)
+            .chain(
+                self.history
+                    .iter_mut()
+                    .flat_map(|k| k.parts_mut().map(|p| &mut p.chain)),
+            );
+        self.log
+            .make_room(chains, self.index.as_mut().map(|ix| &mut ix.creators));
+    }
+
+    /// Whether requests have a lifecycle chain and [`Ids`] (lifecycles or the block index are
+    /// kept).
     fn keeps_hot(&self) -> bool {
         self.cfg.request_history > 0 || self.cfg.block_index
     }
@@ -210,38 +238,30 @@ impl Insight {
         }
     }
 
-    /// Put `hot` and `ids` in `slot` (grown to it); returns what was there.
-    fn put(&mut self, slot: u32, hot: Hot, ids: Ids) -> (Hot, Ids) {
+    /// Put `chain` and `ids` in `slot` (grown to it); returns what was there.
+    fn put(&mut self, slot: u32, chain: Chain, ids: Ids) -> (Chain, Ids) {
         let i = slot as usize;
-        if self.hot.len() <= i {
-            self.hot.resize_with(i + 1, Hot::default);
-            self.ids.resize(i + 1, Ids::default());
+        if self.live.len() <= i {
+            self.live.resize_with(i + 1, Live::default);
         }
-        (
-            std::mem::replace(&mut self.hot[i], hot),
-            std::mem::replace(&mut self.ids[i], ids),
-        )
+        let old = std::mem::replace(&mut self.live[i], Live { chain, ids });
+        (old.chain, old.ids)
     }
 
-    /// A new request in `slot`; `blocks` is about how many blocks it will touch (lifecycle
-    /// room).
+    /// A new request in `slot`.
     pub(crate) fn arrived(
         &mut self,
         slot: u32,
         tenant: &Arc<str>,
         cache_salt: Option<&str>,
         adapter: Option<&str>,
-        blocks: usize,
     ) -> RequestInsight {
         self.flush();
         if self.keeps_hot() {
-            let (life, owners) = if self.cfg.request_history > 0 {
-                let (mut v, o) = self.retirement.spare();
-                // Each block is hit, or allocated, filled and maybe evicted for.
-                v.reserve((3 * blocks + 4).min(MAX_BLOCK_EVENTS));
-                (Some(v), o)
+            let chain = if self.cfg.request_history > 0 {
+                Chain::kept()
             } else {
-                (None, Vec::new())
+                Chain::default()
             };
             let root_key = if self.cfg.block_index {
                 root_key(cache_salt, adapter, tenant)
@@ -250,11 +270,7 @@ impl Insight {
             };
             let old = self.put(
                 slot,
-                Hot {
-                    life,
-                    owners,
-                    ..Default::default()
-                },
+                chain,
                 Ids {
                     root_key,
                     ..Default::default()
@@ -277,16 +293,15 @@ impl Insight {
     ) -> RequestInsight {
         self.flush();
         if self.keeps_hot() {
-            let keeps = self
-                .hot
-                .get(parent_slot as usize)
-                .is_some_and(|h| h.life.is_some());
-            let root_key = self.ids.get(parent_slot as usize).map_or(0, |i| i.root_key);
+            let parent = self.live.get(parent_slot as usize);
+            let keeps = parent.is_some_and(|l| l.chain.on);
+            let root_key = parent.map_or(0, |l| l.ids.root_key);
             let old = self.put(
                 child_slot,
-                Hot {
-                    life: keeps.then(Vec::new),
-                    ..Default::default()
+                if keeps {
+                    Chain::kept()
+                } else {
+                    Chain::default()
                 },
                 Ids {
                     root_key,
@@ -302,17 +317,16 @@ impl Insight {
         }
     }
 
-    /// Release what a hot state left in a slot holds (none: a finished request's is taken).
-    fn drop_hot(&mut self, (old, ids): (Hot, Ids)) {
+    /// Release what a slot's state left holds (none: a finished request's is taken). Its
+    /// records in the log are released when the log's tail passes them.
+    fn drop_hot(&mut self, (old, ids): (Chain, Ids)) {
         if ids.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
                 ix.creators.finish_live(ids.creator, ids.entries);
             }
         }
-        release_owners(
-            self.index.as_mut().map(|ix| &mut ix.creators),
-            old.owners.iter().copied(),
-        );
+        self.log
+            .drop_chain(&old, self.index.as_mut().map(|ix| &mut ix.creators));
     }
 
     /// Whether the 2x/4x estimates mean anything (a shadow set is kept).
@@ -400,7 +414,7 @@ impl Insight {
         }
         ri.miss = m;
         // Where it diverged from a cached sibling of its first uncached block.
-        let root_key = self.ids.get(slot as usize).map_or(0, |i| i.root_key);
+        let root_key = self.live.get(slot as usize).map_or(0, |l| l.ids.root_key);
         if let Some(ix) = self.index.as_ref() {
             let j = cached;
             let ours = &tokens[(j * b).min(prompt_len)..((j + 1) * b).min(prompt_len)];
@@ -454,16 +468,19 @@ impl Insight {
                 }
             }
         }
-        let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
+        if self.live.get(slot as usize).is_none_or(|l| !l.chain.on) {
             return;
-        };
+        }
         for (j, &blk) in blocks.iter().enumerate().take(hits) {
-            ri.push(Ev::new(
-                BlockEventKind::Hit,
-                Some(j as u32),
-                Some(blk),
-                hashes.get(j).map(wire_hash),
-            ));
+            self.record(
+                slot,
+                Rec::new(
+                    BlockEventKind::Hit,
+                    Some(j as u32),
+                    Some(blk),
+                    hashes.get(j).map(wire_hash),
+                ),
+            );
         }
     }
 
@@ -487,13 +504,16 @@ impl Insight {
         // The entries it evicted are dropped from the index now, after what is queued.
         if self.index.is_some() {
             self.flush();
-        } else {
-            self.flush_fills();
         }
-        let mut index = self.index.as_mut();
-        let mut ri = slot.and_then(|s| self.hot.get_mut(s as usize));
+        let life = slot.filter(|&s| self.live.get(s as usize).is_some_and(|l| l.chain.on));
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
         let new = &blocks[first_new..];
+        // A decode block's allocation that evicted one entry for it: one record (when both
+        // events fit the lifecycle).
+        let merged = new.len() == 1
+            && kv.evicted.len() == 1
+            && kv.evicted[0].block == new[0]
+            && life.is_some_and(|s| self.live[s as usize].chain.count() + 2 <= MAX_BLOCK_EVENTS);
         // The pool takes blocks in queue order and lists evictions as it goes: the evicted
         // blocks are a subsequence of the new ones, found with one walk (checked: otherwise by
         // search).
@@ -501,53 +521,40 @@ impl Insight {
             let mut it = new.iter();
             kv.evicted.iter().all(|e| it.any(|&x| x == e.block))
         };
-        // A decode block's allocation that evicted one entry for it: one record.
-        let merged = new.len() == 1
-            && kv.evicted.len() == 1
-            && kv.evicted[0].block == new[0]
-            && ri.as_deref().is_some_and(Hot::merges);
         let mut p = 0;
         for e in &kv.evicted {
-            // Its creator's hold passes to the event that names it, else is released.
-            let owner = index.as_deref_mut().and_then(|ix| ix.evicted(e.block));
+            // Its creator's hold passes to the record that names it, else is released.
+            let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
             let mut kept = false;
-            if let Some(ri) = ri.as_deref_mut() {
-                if merged {
-                    let mut ev = Ev::new(
-                        BlockEventKind::Allocated,
-                        Some(first_new as u32),
-                        Some(e.block),
-                        None,
-                    );
-                    ev.hash = wire_hash(&e.hash);
-                    ev.flags |= WITH_EVICTED;
-                    ev.owner = owner.unwrap_or(NONE);
-                    kept = ri.push(ev);
-                } else if ri.life.is_some() {
-                    let at = if in_order {
-                        while new.get(p).is_some_and(|&x| x != e.block) {
-                            p += 1;
-                        }
-                        (p < new.len()).then_some(p)
-                    } else {
-                        new.iter().position(|&x| x == e.block)
-                    };
-                    let at = at.map(|p| (first_new + p) as u32);
-                    let mut ev = Ev::new(
-                        BlockEventKind::Evicted,
-                        at,
-                        Some(e.block),
-                        Some(wire_hash(&e.hash)),
-                    );
-                    ev.owner = owner.unwrap_or(NONE);
-                    kept = ri.push(ev);
-                }
-                if let (Some(o), true) = (owner, kept) {
-                    ri.owners.push(o);
-                }
+            if let (Some(s), true) = (life, merged) {
+                let r = Rec::evicted_for(
+                    first_new as u32,
+                    e.block,
+                    wire_hash(&e.hash),
+                    owner.unwrap_or(NONE),
+                );
+                kept = self.record(s, r);
+            } else if let Some(s) = life {
+                let at = if in_order {
+                    while new.get(p).is_some_and(|&x| x != e.block) {
+                        p += 1;
+                    }
+                    (p < new.len()).then_some(p)
+                } else {
+                    new.iter().position(|&x| x == e.block)
+                };
+                let at = at.map(|p| (first_new + p) as u32);
+                let mut r = Rec::new(
+                    BlockEventKind::Evicted,
+                    at,
+                    Some(e.block),
+                    Some(wire_hash(&e.hash)),
+                );
+                r.owner = owner.unwrap_or(NONE);
+                kept = self.record(s, r);
             }
             if let (Some(o), false) = (owner, kept) {
-                if let Some(ix) = index.as_deref_mut() {
+                if let Some(ix) = self.index.as_mut() {
                     ix.creators.release(o);
                 }
             }
@@ -569,16 +576,12 @@ impl Insight {
                 );
             }
         }
-        if let (Some(ri), false) = (ri, merged) {
-            if ri.life.is_some() {
-                for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
-                    ri.push(Ev::new(
-                        BlockEventKind::Allocated,
-                        Some(j as u32),
-                        Some(blk),
-                        None,
-                    ));
-                }
+        if let (Some(s), false) = (life, merged) {
+            for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
+                self.record(
+                    s,
+                    Rec::new(BlockEventKind::Allocated, Some(j as u32), Some(blk), None),
+                );
             }
         }
     }
@@ -597,11 +600,8 @@ impl Insight {
         now: f64,
     ) {
         let b = self.block_size;
-        // The request's hot line and the record its fill may join were last touched a block
-        // of decode steps ago: the lifecycle part is queued, in order with the index's
-        // changes, and applied with those lines prefetched ahead. What the new entries need
-        // of the request is in its dense `Ids`.
-        let ids = slot.and_then(|s| self.ids.get_mut(s as usize));
+        // What the new entries need of the request is in its dense `Ids`.
+        let ids = slot.and_then(|s| self.live.get_mut(s as usize).map(|l| &mut l.ids));
         if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
             let root_key = ids.as_ref().map_or(0, |r| r.root_key);
             // The creator's id: the request's own (taken at its first entry), or one held only
@@ -659,21 +659,19 @@ impl Insight {
                 self.pending.push_release(creator);
             }
         }
-        // The lifecycle's events (a slot's hot state keeps one exactly when the history is
-        // kept; `Op::Fill` checks).
+        // The lifecycle's events.
         if let Some(slot) = slot.filter(|_| self.cfg.request_history > 0 && kv.filled > 0) {
             let end = kv.committed_until / b;
             let start = end.saturating_sub(kv.filled as usize);
-            if let Some(r) = self.ids.get_mut(slot as usize) {
-                r.fill_epoch = self.pending.epoch();
-            }
             for j in start..end {
-                self.pending.push_fill(
+                self.record(
                     slot,
-                    j as u32,
-                    blocks.get(j).copied(),
-                    hashes.get(j).map(wire_hash),
-                    kv.created.contains(&(j as u32)),
+                    Rec::filled(
+                        j as u32,
+                        blocks.get(j).copied(),
+                        hashes.get(j).map(wire_hash),
+                        kv.created.contains(&(j as u32)),
+                    ),
                 );
             }
         }
@@ -684,31 +682,27 @@ impl Insight {
     }
 
     pub(crate) fn loaded(&mut self, slot: u32, hashes_from: usize, n: usize) {
-        self.flush_fills();
-        let Some(ri) = self.hot.get_mut(slot as usize).filter(|h| h.life.is_some()) else {
-            return;
-        };
         for j in hashes_from..hashes_from + n {
-            ri.push(Ev::new(BlockEventKind::Loaded, Some(j as u32), None, None));
+            self.record(
+                slot,
+                Rec::new(BlockEventKind::Loaded, Some(j as u32), None, None),
+            );
         }
     }
 
     pub(crate) fn preempted(&mut self, slot: u32) {
-        self.flush_fills();
         // Its blocks are freed: its entries may go.
-        if let Some(i) = self.ids.get_mut(slot as usize) {
-            i.own = None;
+        if let Some(l) = self.live.get_mut(slot as usize) {
+            l.ids.own = None;
         }
-        if let Some(ri) = self.hot.get_mut(slot as usize) {
-            ri.push(Ev::new(BlockEventKind::Preempted, None, None, None));
-        }
+        self.record(slot, Rec::new(BlockEventKind::Preempted, None, None, None));
     }
 
     /// The cache was reset, dropping the entries `dropped` (in free-queue order).
     pub(crate) fn reset(&mut self, dropped: &[BlockHash]) {
         self.flush();
-        for i in &mut self.ids {
-            i.own = None;
+        for l in &mut self.live {
+            l.ids.own = None;
         }
         if let Some(ix) = self.index.as_mut() {
             ix.reset();
@@ -734,15 +728,6 @@ impl Insight {
     ) {
         // Sequence 0 is the request itself: its prompt, stats and finish reason.
         let primary = seq == 0;
-        // Its own queued fills join its lifecycle now; the rest stay queued (the requests
-        // that end in a step would otherwise cut its batch into pieces too short to prefetch).
-        if self
-            .ids
-            .get(slot as usize)
-            .is_some_and(|i| i.fill_epoch == self.pending.epoch())
-        {
-            self.pending.apply_fills_of(slot, &mut self.hot);
-        }
         let tenant = self.tenant_name(ri.tenant);
         if primary {
             if self.recent.len() == RECENT_REQUESTS {
@@ -760,13 +745,8 @@ impl Insight {
                 finish_reason: reason,
             });
         }
-        let hot = self
-            .hot
-            .get_mut(slot as usize)
-            .map(std::mem::take)
-            .unwrap_or_default();
-        let ids = self
-            .ids
+        let Live { chain, ids } = self
+            .live
             .get_mut(slot as usize)
             .map(std::mem::take)
             .unwrap_or_default();
@@ -775,7 +755,9 @@ impl Insight {
                 ix.creators.finish_live(ids.creator, ids.entries);
             }
         }
-        let Some(mut events) = hot.life else { return };
+        if !chain.on {
+            return;
+        }
         // The sequences of one request share its entry.
         let joined = if ri.shared {
             self.history.iter_mut().rev().find(|h| h.handle == handle)
@@ -783,40 +765,33 @@ impl Insight {
             None
         };
         if let Some(h) = joined {
-            h.dropped += u64::from(hot.dropped);
-            let (kept, more) = (expanded_len(&h.events), expanded_len(&events));
-            if kept + more > MAX_BLOCK_EVENTS {
-                // Cut by events: as one record each.
-                h.events = expand(&h.events);
-                events = expand(&events);
-            }
-            let room = MAX_BLOCK_EVENTS.saturating_sub(kept);
-            if more > room {
-                h.dropped += (events.len() - room) as u64;
-                release_owners(
-                    self.index.as_mut().map(|ix| &mut ix.creators),
-                    owners_of(&events[room..]),
-                );
-                events.truncate(room);
-            }
-            h.owners.extend(owners_of(&events));
-            h.runs.push((seq, kept as u32));
-            h.events.extend_from_slice(&events);
+            // Past the limit its later events are cut (their records stay unread in the log).
+            let shown: usize = h.parts().map(|p| p.take as usize).sum();
+            let take = chain.count().min(MAX_BLOCK_EVENTS.saturating_sub(shown));
+            h.dropped += (chain.count() - take) as u64 + u64::from(chain.dropped);
+            h.more.push(Part {
+                seq: Some(seq),
+                chain,
+                take: take as u32,
+            });
             h.generation_tokens += generation_tokens;
             if primary {
                 h.prefill_stats = stats;
                 h.finish_reason = reason;
                 h.prompt_tokens = prompt_tokens;
             }
-            self.retirement.recycle(events, hot.owners);
             return;
         }
         if self.history.len() >= self.cfg.request_history {
             if let Some(old) = self.history.pop_front() {
-                self.retirement
-                    .retire(old, self.index.as_mut().map(|ix| &mut ix.creators));
+                for p in old.parts() {
+                    self.log
+                        .drop_chain(&p.chain, self.index.as_mut().map(|ix| &mut ix.creators));
+                }
             }
         }
+        let dropped = u64::from(chain.dropped);
+        let take = chain.count() as u32;
         self.history.push_back(Kept {
             request_id: request_id.clone(),
             handle,
@@ -825,14 +800,13 @@ impl Insight {
             prompt_tokens,
             generation_tokens,
             prefill_stats: stats,
-            runs: if ri.shared {
-                vec![(seq, 0)]
-            } else {
-                Vec::new()
+            first: Part {
+                seq: ri.shared.then_some(seq),
+                chain,
+                take,
             },
-            events,
-            owners: hot.owners,
-            dropped: u64::from(hot.dropped),
+            more: Vec::new(),
+            dropped,
         });
     }
 
@@ -852,16 +826,10 @@ impl Insight {
             generation_tokens: h.generation_tokens,
             prefill_stats: h.prefill_stats,
             blocks: {
-                let mut v = Vec::with_capacity(expanded_len(&h.events));
-                for r in &h.events {
-                    r.expand(|e| v.push(e.event(creators)));
-                }
-                // Each sequence's events follow its start (n > 1).
-                let n = v.len();
-                for (k, &(seq, start)) in h.runs.iter().enumerate() {
-                    let end = h.runs.get(k + 1).map_or(n, |r| r.1 as usize).min(n);
-                    for e in &mut v[(start as usize).min(end)..end] {
-                        e.seq = Some(seq);
+                let mut v = Vec::new();
+                for p in h.parts() {
+                    for r in self.log.records(&p.chain, p.take as usize) {
+                        v.push(r.event(creators, p.seq));
                     }
                 }
                 v

@@ -1,6 +1,16 @@
 //! A request's block lifecycle (`GET /v1/cache/requests/{id}`): the events as the step records
-//! them (32-byte [`Ev`]s whose evicted-entry owners are ids of the block index's
-//! [`Creators`]), and what the inspector is answered ([`BlockEvent`], [`RequestLifecycle`]).
+//! them, and what the inspector is answered ([`BlockEvent`], [`RequestLifecycle`]).
+//!
+//! The step records events into one log for all requests ([`LifeLog`]), a ring of 32-byte
+//! records ([`Rec`]) written one after the other, each linked to the one before it of the same
+//! request ([`Chain`]). A block boundary of a request comes every `B` of its tokens, so whatever
+//! is kept per request was last touched many steps earlier and has left the core's caches; the
+//! log's end was written a moment ago. A lifecycle is gathered by following its links only when
+//! the inspector asks. Records stay in the ring while their request lives or is kept in the
+//! history; the ring grows to keep them, up to [`MAX_LOG`] records, past which the lifecycles
+//! that hold the oldest records are moved out of it into their own buffers ([`Chain::spill`]).
+//! The evicted entry's owner of an `evicted` record is an id of the block index's [`Creators`],
+//! held by the record until the ring's tail passes it (or its moved copy is dropped).
 
 use std::sync::Arc;
 
@@ -69,55 +79,38 @@ pub struct RequestLifecycle {
     pub blocks_dropped: u64,
 }
 
-/// A lifecycle record as the step records it: 32 bytes on a 32-byte boundary, the evicted entry's
-/// owner an id of the block index's [`Creators`] (held by the record until its lifecycle is
-/// dropped); made [`BlockEvent`]s when the inspector asks. A decode block's three events (the
-/// eviction of another's entry for it, its allocation and its fill) are one record: an `Allocated`
-/// one with [`WITH_EVICTED`] (`hash` and `owner` are the evicted entry's) and [`WITH_FILLED`]
-/// (`fill_hash`), expanded in that order ([`Ev::expand`]); merged only when nothing came between
-/// them, so the expansion is the events as they happened.
+/// A lifecycle record: 32 bytes, one event, linked to its request's record before it.
 #[derive(Clone, Copy, Debug)]
-#[repr(align(32))]
-pub(crate) struct Ev {
+#[repr(C, align(32))]
+pub(super) struct Rec {
+    /// The block's hash as KV events carry it (`evicted`: the dropped entry's).
     pub(super) hash: u64,
-    pub(super) fill_hash: u64,
+    /// The position of the request's record before it ([`NO`]: none in the ring).
+    prev: u64,
     pub(super) index: u32,
     pub(super) block: u32,
+    /// `evicted`: the dropped entry's creator, an id of [`Creators`] held by this record
+    /// (`NONE`: none, or the hold moved with a copy of the record).
     pub(super) owner: u32,
     pub(super) kind: BlockEventKind,
     pub(super) flags: u8,
 }
 
+// A record never straddles two lines.
+const _: () = assert!(std::mem::size_of::<Rec>() == 32 && std::mem::align_of::<Rec>() == 32);
+
 const HAS_INDEX: u8 = 1;
 const HAS_BLOCK: u8 = 2;
 const HAS_HASH: u8 = 4;
-pub(super) const NEW_ENTRY: u8 = 8;
-/// An `Allocated` record that is also the `Evicted` event before it (same index and block).
-pub(super) const WITH_EVICTED: u8 = 16;
-/// An `Allocated` record that is also the `Filled` event after it (same index and block).
-pub(super) const WITH_FILLED: u8 = 32;
-/// The merged `Filled` event has a hash (`fill_hash`).
-pub(super) const FILL_HASH: u8 = 64;
+const NEW_ENTRY: u8 = 8;
+/// An `allocated` record that is also the `evicted` event before it (same index and block:
+/// `hash` and `owner` are the dropped entry's), as a decode block's allocation records it.
+const WITH_EVICTED: u8 = 16;
 
-/// Records kept before any can hold more events than [`MAX_BLOCK_EVENTS`] allows: below it a
-/// lifecycle's events (at most three per record) fit, and records are merged.
-pub(super) const MERGED_RECORDS: usize = MAX_BLOCK_EVENTS / 3;
+/// No position.
+pub(super) const NO: u64 = u64::MAX;
 
-/// How many events `records` stand for.
-pub(super) fn expanded_len(records: &[Ev]) -> usize {
-    records.iter().map(Ev::events).sum()
-}
-
-/// `records` as one record per event (none merged), in order.
-pub(super) fn expand(records: &[Ev]) -> Vec<Ev> {
-    let mut out = Vec::with_capacity(expanded_len(records));
-    for r in records {
-        r.expand(|e| out.push(e));
-    }
-    out
-}
-
-impl Ev {
+impl Rec {
     pub(super) fn new(
         kind: BlockEventKind,
         index: Option<u32>,
@@ -134,9 +127,9 @@ impl Ev {
         if hash.is_some() {
             flags |= HAS_HASH;
         }
-        Ev {
+        Rec {
             hash: hash.unwrap_or(0),
-            fill_hash: 0,
+            prev: NO,
             index: index.unwrap_or(0),
             block: block.unwrap_or(0),
             owner: NONE,
@@ -145,68 +138,58 @@ impl Ev {
         }
     }
 
-    /// How many events it stands for.
-    pub(super) fn events(&self) -> usize {
-        1 + usize::from(self.flags & WITH_EVICTED != 0) + usize::from(self.flags & WITH_FILLED != 0)
+    /// The allocation of `block` at `index`, for which the entry `hash` (created by `owner`)
+    /// in it was dropped: the `evicted` and `allocated` events in one record.
+    pub(super) fn evicted_for(index: u32, block: BlockId, hash: u64, owner: u32) -> Self {
+        let mut r = Rec::new(
+            BlockEventKind::Allocated,
+            Some(index),
+            Some(block),
+            Some(hash),
+        );
+        r.owner = owner;
+        r.flags |= WITH_EVICTED;
+        r
     }
 
-    /// The events it stands for, in order, each as an unmerged record.
-    pub(super) fn expand(&self, mut f: impl FnMut(Ev)) {
-        if self.flags & (WITH_EVICTED | WITH_FILLED) == 0 {
+    /// How many events it stands for.
+    #[inline]
+    pub(super) fn events(&self) -> usize {
+        1 + usize::from(self.flags & WITH_EVICTED != 0)
+    }
+
+    /// The events it stands for, in order, each as a record of one.
+    fn expand(&self, mut f: impl FnMut(Rec)) {
+        if self.flags & WITH_EVICTED == 0 {
             f(*self);
             return;
         }
-        let base = HAS_INDEX | HAS_BLOCK;
-        let plain = |kind, flags, hash, owner| Ev {
-            hash,
-            fill_hash: 0,
-            index: self.index,
-            block: self.block,
-            owner,
-            kind,
-            flags,
-        };
-        if self.flags & WITH_EVICTED != 0 {
-            f(plain(
-                BlockEventKind::Evicted,
-                base | HAS_HASH,
-                self.hash,
-                self.owner,
-            ));
-        }
-        f(plain(BlockEventKind::Allocated, base, 0, NONE));
-        if self.flags & WITH_FILLED != 0 {
-            let mut flags = base | (self.flags & NEW_ENTRY);
-            if self.flags & FILL_HASH != 0 {
-                flags |= HAS_HASH;
-            }
-            f(plain(BlockEventKind::Filled, flags, self.fill_hash, NONE));
-        }
+        let mut e = *self;
+        e.kind = BlockEventKind::Evicted;
+        e.flags &= !WITH_EVICTED;
+        f(e);
+        let mut a = *self;
+        a.flags &= !(WITH_EVICTED | HAS_HASH);
+        a.hash = 0;
+        a.owner = NONE;
+        f(a);
     }
 
-    /// Whether the `Filled` event of block `block` at `index` can join this record: an
-    /// allocation of the same block, not yet filled.
-    pub(super) fn takes_fill(&self, index: u32, block: BlockId) -> bool {
-        self.kind == BlockEventKind::Allocated
-            && self.flags & WITH_FILLED == 0
-            && self.flags & (HAS_INDEX | HAS_BLOCK) == HAS_INDEX | HAS_BLOCK
-            && self.index == index
-            && self.block == block
-    }
-
-    /// Join the `Filled` event (`hash`, `new_entry`) to this allocation.
-    pub(super) fn fill(&mut self, hash: Option<u64>, new_entry: bool) {
-        self.flags |= WITH_FILLED;
-        if let Some(h) = hash {
-            self.flags |= FILL_HASH;
-            self.fill_hash = h;
-        }
+    /// A `filled` record (`new_entry`: the block became a cache entry).
+    pub(super) fn filled(
+        index: u32,
+        block: Option<BlockId>,
+        hash: Option<u64>,
+        new_entry: bool,
+    ) -> Self {
+        let mut r = Rec::new(BlockEventKind::Filled, Some(index), block, hash);
         if new_entry {
-            self.flags |= NEW_ENTRY;
+            r.flags |= NEW_ENTRY;
         }
+        r
     }
 
-    pub(super) fn event(&self, creators: Option<&Creators>) -> BlockEvent {
+    pub(super) fn event(&self, creators: Option<&Creators>, seq: Option<u32>) -> BlockEvent {
         let f = self.flags;
         BlockEvent {
             event: self.kind,
@@ -217,25 +200,299 @@ impl Ev {
             owner: (self.owner != NONE)
                 .then(|| creators.and_then(|c| c.label(self.owner)))
                 .flatten(),
-            seq: None,
+            seq,
         }
     }
 }
 
-/// Release the owners `events` hold.
-pub(super) fn release_owners(creators: Option<&mut Creators>, owners: impl Iterator<Item = u32>) {
-    if let Some(c) = creators {
-        for o in owners {
-            c.release(o);
+/// One sequence's lifecycle as recorded: its newest and oldest records in the ring, the count
+/// of its events, and the records moved out of the ring before them. 32 bytes, dense by slot.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(32))]
+pub(super) struct Chain {
+    last: u64,
+    first: u64,
+    /// Events kept (in the ring and moved out).
+    count: u32,
+    /// Events not recorded (over [`MAX_BLOCK_EVENTS`]).
+    pub(super) dropped: u32,
+    /// Its records moved out of the ring, older than those in it: an index of
+    /// [`LifeLog::spills`] (`NONE`: none).
+    spill: u32,
+    /// Kept at all (a request's lifecycle is kept when the history is).
+    pub(super) on: bool,
+}
+
+const _: () = assert!(std::mem::size_of::<Chain>() == 32);
+
+impl Default for Chain {
+    fn default() -> Self {
+        Chain {
+            last: NO,
+            first: NO,
+            count: 0,
+            dropped: 0,
+            spill: NONE,
+            on: false,
         }
     }
 }
 
-pub(super) fn owners_of(events: &[Ev]) -> impl Iterator<Item = u32> + '_ {
-    events.iter().map(|e| e.owner).filter(|&o| o != NONE)
+impl Chain {
+    /// A lifecycle to keep.
+    pub(super) fn kept() -> Self {
+        Chain {
+            on: true,
+            ..Default::default()
+        }
+    }
+
+    /// Its events kept.
+    #[inline]
+    pub(super) fn count(&self) -> usize {
+        self.count as usize
+    }
 }
 
-/// A kept lifecycle, as recorded.
+/// Records the ring starts with (grown as lifecycles need it).
+const FIRST_LOG: usize = 1 << 12;
+/// The most records the ring grows to; past it, lifecycles holding its oldest records are moved
+/// out of it.
+pub(super) const MAX_LOG: usize = 1 << 21;
+
+/// The ring of every kept lifecycle's records (see the module's comment).
+#[derive(Debug, Default)]
+pub(super) struct LifeLog {
+    ring: Vec<Rec>,
+    /// Records moved out of the ring, by chain ([`Chain::spill`]), in order (their owners'
+    /// holds with them); and the free indices.
+    spills: Vec<Vec<Rec>>,
+    free_spills: Vec<u32>,
+    /// The records in the ring that hold an owner: (position, owner), in order (`NONE`: the
+    /// hold moved out with the record). The tail releases them from here, not reading the ring
+    /// (written past the caches).
+    owners: std::collections::VecDeque<(u64, u32)>,
+    /// Position of the next record.
+    head: u64,
+    /// Records below it are released.
+    tail: u64,
+    /// The most records the ring grows to (tests make it small).
+    max: usize,
+}
+
+impl LifeLog {
+    pub(super) fn new() -> Self {
+        LifeLog {
+            max: MAX_LOG,
+            ..Default::default()
+        }
+    }
+
+    #[cfg(test)]
+    pub(super) fn with_max(max: usize) -> Self {
+        LifeLog {
+            max,
+            ..Default::default()
+        }
+    }
+
+    fn at(&self, pos: u64) -> usize {
+        (pos as usize) & (self.ring.len() - 1)
+    }
+
+    /// Whether the next record needs room made first ([`LifeLog::make_room`]).
+    #[inline]
+    pub(super) fn full(&self) -> bool {
+        (self.head - self.tail) as usize == self.ring.len()
+    }
+
+    /// Append `rec` to `chain` (the caller made room).
+    #[inline]
+    pub(super) fn push(&mut self, chain: &mut Chain, mut rec: Rec) {
+        rec.prev = chain.last;
+        let p = self.head;
+        let i = self.at(p);
+        let n = rec.events() as u32;
+        if rec.owner != NONE {
+            self.owners.push_back((p, rec.owner));
+        }
+        store(&mut self.ring[i], rec);
+        self.head += 1;
+        if chain.first == NO {
+            chain.first = p;
+        }
+        chain.last = p;
+        chain.count += n;
+    }
+
+    /// `chain` is dropped: release the owners its moved records hold (its records in the ring
+    /// are released when the ring's tail passes them).
+    pub(super) fn drop_chain(&mut self, chain: &Chain, creators: Option<&mut Creators>) {
+        let Some(v) = self.spills.get_mut(chain.spill as usize) else {
+            return;
+        };
+        if let Some(c) = creators {
+            for r in v.iter() {
+                if r.owner != NONE {
+                    c.release(r.owner);
+                }
+            }
+        }
+        *v = Vec::new();
+        self.free_spills.push(chain.spill);
+    }
+
+    /// Room for the next record: the records older than every chain in `chains` (the live and
+    /// kept lifecycles) are released; if that frees less than half the ring, the ring grows,
+    /// or (at its largest) the chains holding its older half are moved out of it.
+    pub(super) fn make_room<'a>(
+        &mut self,
+        chains: impl Iterator<Item = &'a mut Chain>,
+        mut creators: Option<&mut Creators>,
+    ) {
+        if self.ring.is_empty() {
+            let n = FIRST_LOG.min(self.max).max(2).next_power_of_two();
+            self.ring = vec![Rec::new(BlockEventKind::Hit, None, None, None); n];
+            return;
+        }
+        let cap = self.ring.len();
+        let mut chains: Vec<&mut Chain> = chains.filter(|c| c.first != NO).collect();
+        let floor = chains.iter().map(|c| c.first).min().unwrap_or(self.head);
+        let half = self.tail + (cap / 2) as u64;
+        if floor < half && cap < self.max {
+            self.grow();
+        } else if floor < half {
+            // At its largest: move the chains that start in the older half out of the ring.
+            for c in chains.iter_mut().filter(|c| c.first < half) {
+                self.spill(c);
+            }
+            self.release_to(half, creators.as_deref_mut());
+            return;
+        }
+        self.release_to(floor, creators);
+    }
+
+    /// Move `chain`'s records out of the ring (their owners' holds with them).
+    fn spill(&mut self, chain: &mut Chain) {
+        #[cfg(test)]
+        SPILLS.with(|n| n.set(n.get() + 1));
+        let mut v = Vec::new();
+        let mut p = chain.last;
+        while p != NO {
+            let r = self.ring[self.at(p)];
+            if r.owner != NONE {
+                // The copy holds the owner now.
+                if let Ok(k) = self.owners.binary_search_by_key(&p, |e| e.0) {
+                    self.owners[k].1 = NONE;
+                }
+            }
+            v.push(r);
+            p = r.prev;
+        }
+        v.reverse();
+        for r in &mut v {
+            r.prev = NO;
+        }
+        if chain.spill == NONE {
+            chain.spill = match self.free_spills.pop() {
+                Some(i) => i,
+                None => {
+                    self.spills.push(Vec::new());
+                    (self.spills.len() - 1) as u32
+                }
+            };
+        }
+        self.spills[chain.spill as usize].extend(v);
+        chain.first = NO;
+        chain.last = NO;
+    }
+
+    fn grow(&mut self) {
+        let cap = self.ring.len() * 2;
+        let mut ring = vec![Rec::new(BlockEventKind::Hit, None, None, None); cap];
+        for p in self.tail..self.head {
+            ring[(p as usize) & (cap - 1)] = self.ring[self.at(p)];
+        }
+        self.ring = ring;
+    }
+
+    /// Release the records below `to`: the holds of their owners.
+    fn release_to(&mut self, to: u64, creators: Option<&mut Creators>) {
+        let to = to.min(self.head);
+        const AHEAD: usize = 8;
+        let n = self.owners.partition_point(|e| e.0 < to);
+        if let Some(c) = creators {
+            for k in 0..n {
+                if let Some(&(_, o)) = self.owners.get(k + AHEAD).filter(|_| k + AHEAD < n) {
+                    if o != NONE {
+                        c.prefetch(o);
+                    }
+                }
+                let o = self.owners[k].1;
+                if o != NONE {
+                    c.release(o);
+                }
+            }
+        }
+        self.owners.drain(..n);
+        self.tail = self.tail.max(to);
+    }
+
+    /// `chain`'s first `take` events in order (moved records first), a record each.
+    pub(super) fn records(&self, chain: &Chain, take: usize) -> Vec<Rec> {
+        let mut v = Vec::new();
+        let mut p = chain.last;
+        while p != NO {
+            let r = self.ring[self.at(p)];
+            v.push(r);
+            p = r.prev;
+        }
+        v.reverse();
+        let moved = self
+            .spills
+            .get(chain.spill as usize)
+            .map_or(&[][..], |s| &s[..]);
+        let mut all = Vec::with_capacity(chain.count());
+        for r in moved.iter().chain(&v) {
+            r.expand(|e| all.push(e));
+        }
+        all.truncate(take);
+        all
+    }
+
+    /// Holds of owners by records in the ring and moved out of it (tests).
+    #[cfg(test)]
+    pub(super) fn held(&self) -> usize {
+        let ring = self.owners.iter().filter(|e| e.1 != NONE).count();
+        ring + self
+            .spills
+            .iter()
+            .map(|s| s.iter().filter(|r| r.owner != NONE).count())
+            .sum::<usize>()
+    }
+}
+
+/// One sequence of a kept lifecycle.
+#[derive(Debug)]
+pub(super) struct Part {
+    /// The sequence (n > 1), `None` for a request with one.
+    pub(super) seq: Option<u32>,
+    pub(super) chain: Chain,
+    /// Of its records, those shown (the lifecycle's limit cut the rest).
+    pub(super) take: u32,
+}
+
+impl Kept {
+    pub(super) fn parts(&self) -> impl Iterator<Item = &Part> {
+        std::iter::once(&self.first).chain(&self.more)
+    }
+
+    pub(super) fn parts_mut(&mut self) -> impl Iterator<Item = &mut Part> {
+        std::iter::once(&mut self.first).chain(&mut self.more)
+    }
+}
+
+/// A kept lifecycle.
 #[derive(Debug)]
 pub(super) struct Kept {
     pub(super) request_id: Arc<str>,
@@ -245,18 +502,36 @@ pub(super) struct Kept {
     pub(super) prompt_tokens: u64,
     pub(super) generation_tokens: u64,
     pub(super) prefill_stats: Option<PrefillStats>,
-    /// A request with several sequences (n > 1): each sequence's number and the position of its
-    /// first event (counted as expanded events, which cutting merged records keeps), in the
-    /// order the sequences ended. Empty for a single sequence.
-    pub(super) runs: Vec<(u32, u32)>,
-    pub(super) events: Vec<Ev>,
-    /// The owners its events hold (read when it is dropped, instead of its events).
-    pub(super) owners: Vec<u32>,
+    /// Its sequences' records, in the order the sequences ended: the first's, the others'.
+    pub(super) first: Part,
+    pub(super) more: Vec<Part>,
     pub(super) dropped: u64,
 }
 
-/// Spare lifecycle buffers kept for new requests (a dropped lifecycle's, cleared).
-pub(super) const SPARE_BUFFERS: usize = 64;
+#[cfg(test)]
+thread_local! {
+    /// Lifecycles moved out of the log (tests).
+    pub(super) static SPILLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
-// A record never straddles two lines (a fill reads the one its allocation wrote, long ago).
-const _: () = assert!(std::mem::size_of::<Ev>() == 32 && std::mem::align_of::<Ev>() == 32);
+/// Write `rec` to `to` past the caches: the step never reads a record back (the inspector
+/// does, rarely), and the ring's lines were last written a lap ago, so a plain store would read
+/// each line in first and leave it in the core's caches in place of what the step reads again.
+/// (Measured against plain stores: see docs/benchmarks.md, the insight's cost, 2026-12-06.)
+#[inline(always)]
+fn store(to: &mut Rec, rec: Rec) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `Rec` is 32 bytes on a 32-byte boundary: two aligned 16-byte halves, each
+    // written whole; `rec` is plain data.
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_stream_si128};
+        let src = &rec as *const Rec as *const __m128i;
+        let dst = to as *mut Rec as *mut __m128i;
+        _mm_stream_si128(dst, src.read());
+        _mm_stream_si128(dst.add(1), src.add(1).read());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        *to = rec;
+    }
+}

@@ -423,10 +423,7 @@ impl Recorder {
                 tenant,
                 session,
             } => {
-                let blocks = (prompt_len + max_tokens as usize).div_ceil(b);
-                let ins = self
-                    .insight
-                    .arrived(slot, tenant, cache_salt, adapter, blocks);
+                let ins = self.insight.arrived(slot, tenant, cache_salt, adapter);
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);

@@ -1,5 +1,6 @@
-//! The own-entry parent of a fill (`Insight::filled`) against the pool, and the deferred
-//! work against the same work done at once, over many small workloads.
+//! The own-entry parent of a fill (`Insight::filled`) against the pool, the deferred work
+//! against the same work done at once, and lifecycles kept in a log that must grow and move
+//! them out against the same in a large one, over many small workloads.
 
 use super::*;
 use crate::{
@@ -19,6 +20,18 @@ type Outcome = (
 /// prefixes), sampled tokens from a small alphabet (duplicate blocks), run to the end.
 /// Returns its [`Outcome`]: what the inspector shows, and the holds nothing shows.
 fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) -> Outcome {
+    workload_with_log(seed, num_blocks, n, families, alphabet, None)
+}
+
+/// [`workload`] with the lifecycle log grown to at most `log_max` records.
+fn workload_with_log(
+    seed: u64,
+    num_blocks: usize,
+    n: u32,
+    families: u32,
+    alphabet: u32,
+    log_max: Option<usize>,
+) -> Outcome {
     let run = seed;
     let mut x = seed
         .wrapping_mul(6364136223846793005)
@@ -37,6 +50,9 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
     let seed = HashSeed::new(&[9; 32], 4, "test");
     let rec = Recorder::new(4).with_insight(InsightConfig::full());
     let mut s = Scheduler::new(cfg, seed, rec);
+    if let Some(m) = log_max {
+        s.observer_mut().insight.log = LifeLog::with_max(m);
+    }
     let limits = s.config().limits();
     let mut pending: Vec<(u32, RequestDraft)> = (0..n)
         .map(|i| {
@@ -90,14 +106,15 @@ fn workload(seed: u64, num_blocks: usize, n: u32, families: u32, alphabet: u32) 
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
     let hottest = rec.hottest(t, 64);
     // Every request has ended: each hold of a creator id is a live entry's or an `evicted`
-    // event's of a kept lifecycle (in the history, or retired and not released yet).
+    // record's (in the log, not passed by its tail yet, or moved out of it with a kept
+    // lifecycle).
     let ins = &rec.insight;
     let ix = ins.index.as_ref().expect("block index kept");
     let holds = ix.creators.holds();
-    let events: usize = ins.history.iter().map(|k| k.owners.len()).sum();
+    let records = ins.log.held();
     assert_eq!(
         holds,
-        ix.owned_entries() + events + ins.retirement.held(),
+        ix.owned_entries() + records,
         "seed {run}: creator holds"
     );
     (
@@ -131,14 +148,11 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
     assert!(own > 1000, "own parents taken: {own}");
 }
 
-/// What the queue defers (new entries, lifecycle fills) and what it applies early (the fills
-/// of a request that ends, before its lifecycle is kept) ends as if each had been applied at
-/// once: every lifecycle, the hottest prefixes and the creator ids' holds are the same as
-/// with the queue applied after every fill, over workloads where requests end with fills of
-/// theirs and of others queued.
+/// What the queue defers (new entries) ends as if each had been applied at once: every
+/// lifecycle, the hottest prefixes and the creator ids' holds are the same as with the queue
+/// applied after every fill.
 #[test]
 fn deferred_work_ends_as_if_applied_at_once() {
-    FILLS_AT_END.with(|n| n.set(0));
     for seed in 0..200 {
         let run = |immediate: bool| {
             IMMEDIATE.with(|c| c.set(immediate));
@@ -152,11 +166,38 @@ fn deferred_work_ends_as_if_applied_at_once() {
         assert_eq!(deferred.2, at_once.2, "seed {seed}: hottest");
         assert!(deferred.1.iter().all(Option::is_some), "seed {seed}");
     }
-    let early = FILLS_AT_END.with(|n| n.get());
-    assert!(
-        early > 100,
-        "fills applied when their request ended: {early}"
-    );
+}
+
+/// A log of at most 8 or 32 records must grow, then move the lifecycles that hold its oldest
+/// records out of it, many times over a workload: every lifecycle, the hottest prefixes and
+/// the holds come out as with a log that never runs short.
+#[test]
+fn lifecycles_moved_out_of_a_short_log_are_the_same() {
+    use super::super::lifecycle::SPILLS;
+    SPILLS.with(|n| n.set(0));
+    for seed in 0..200 {
+        let big = varied(seed);
+        for max in [8, 32] {
+            let short = workload_with_log(
+                seed,
+                12 + (seed % 16) as usize,
+                8,
+                3,
+                2 + (seed % 3) as u32,
+                Some(max),
+            );
+            // (The holds differ: a short log's tail passes records sooner and releases them.)
+            assert_eq!(
+                (short.0 .0, short.0 .1),
+                (big.0 .0, big.0 .1),
+                "seed {seed}, log of {max}"
+            );
+            assert_eq!(short.1, big.1, "seed {seed}, log of {max}: lifecycles");
+            assert_eq!(short.2, big.2, "seed {seed}, log of {max}: hottest");
+        }
+    }
+    let spills = SPILLS.with(|n| n.get());
+    assert!(spills > 1000, "lifecycles moved out: {spills}");
 }
 
 thread_local! {
@@ -164,6 +205,106 @@ thread_local! {
     pub(super) static OWN_PARENTS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
     /// Apply the queue after every fill (the reference the deferred run is checked against).
     pub(super) static IMMEDIATE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    /// Fills recorded when their request ended, ahead of the rest of the queue.
-    pub(crate) static FILLS_AT_END: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A lifecycle keeps its first [`MAX_BLOCK_EVENTS`] events and counts the rest: a long
+/// generation whose every decode block evicts an entry (its eviction and allocation one
+/// record, two events) reaches the limit with the log's records merged, and the events kept
+/// plus those counted are the blocks the counters say it allocated, filled and evicted for.
+#[test]
+fn a_long_lifecycle_keeps_its_first_events_and_counts_the_rest() {
+    let b = 4;
+    let cfg = SchedulerConfig {
+        num_blocks: 1600,
+        block_size: b,
+        ..Default::default()
+    };
+    let seed = HashSeed::new(&[9; 32], b, "test");
+    let rec = Recorder::new(b).with_insight(InsightConfig::full());
+    let mut s = Scheduler::new(cfg, seed, rec);
+    let limits = s.config().limits();
+    let mut t = 0.0;
+    let mut run = |s: &mut Scheduler<Recorder>, id: &str, prompt: Vec<u32>, gen: u32, h: u64| {
+        let d = RequestDraft::new(
+            id.to_string(),
+            prompt,
+            SamplingParams {
+                ignore_eos: true,
+                ..SamplingParams::greedy(gen)
+            },
+        );
+        s.add_request(h, t, limits.validate(d).expect("valid"))
+            .expect("queued");
+        let mut next = 1000 + h as u32 * 7919;
+        while s.has_unfinished() {
+            t += 1.0;
+            let out = s.schedule(t, None);
+            let results = {
+                let batch = s.exec_batch(&out);
+                let mut r = ExecOutput::default();
+                for seq in &batch.seqs {
+                    next = next.wrapping_mul(1103515245).wrapping_add(12345) % 30_000;
+                    r.sampled
+                        .push(seq.sample.as_ref().map(|_| Sampled::token(next)));
+                }
+                r
+            };
+            s.update(&out, results, t);
+        }
+    };
+    // Fill the cache with entries of a first request (its blocks, freed, are all cached).
+    run(&mut s, "fill", (0..8).collect(), 1500 * b as u32, 1);
+    let before = s.observer_mut().totals();
+    // 1,400 blocks: each decode block evicts one of those entries.
+    run(
+        &mut s,
+        "long",
+        (40_000..40_008).collect(),
+        1400 * b as u32,
+        2,
+    );
+    let rec = s.observer_mut();
+    let after = rec.totals();
+    let (alloc, filled, evicted) = (
+        after.blocks_allocated - before.blocks_allocated,
+        after.blocks_filled - before.blocks_filled,
+        after.blocks_evicted - before.blocks_evicted,
+    );
+    assert!(evicted > 1300, "evictions: {evicted}");
+    let l = rec.lifecycle("long").expect("kept");
+    assert_eq!(l.blocks.len(), MAX_BLOCK_EVENTS);
+    assert_eq!(
+        l.blocks.len() as u64 + l.blocks_dropped,
+        alloc + filled + evicted,
+        "every event kept or counted"
+    );
+    // Kept in order: once the never-used blocks are taken, each decode block's eviction,
+    // allocation and fill, one after the other (the last block's cut where the limit fell).
+    let decode: Vec<_> = l
+        .blocks
+        .iter()
+        .skip_while(|e| e.event != BlockEventKind::Evicted)
+        .map(|e| (e.index.expect("indexed"), e.event))
+        .collect();
+    assert!(decode.len() > 3800, "{}", decode.len());
+    let pattern = [
+        BlockEventKind::Evicted,
+        BlockEventKind::Allocated,
+        BlockEventKind::Filled,
+    ];
+    for (k, &(i, ev)) in decode.iter().enumerate() {
+        assert_eq!(ev, pattern[k % 3], "event {k}");
+        assert_eq!(i, decode[0].0 + (k / 3) as u32, "event {k}");
+    }
+    // Here the limit falls inside a decode block's record: its eviction is the last event
+    // kept, its allocation the first counted (the two are not merged when only one fits).
+    assert_eq!(decode.len() % 3, 1);
+    assert_eq!(
+        l.blocks[MAX_BLOCK_EVENTS - 1].event,
+        BlockEventKind::Evicted
+    );
+    assert!(l
+        .blocks
+        .iter()
+        .any(|e| e.event == BlockEventKind::Evicted && e.owner.as_deref() == Some("fill")));
 }
