@@ -525,13 +525,47 @@ fn store(to: &mut Rec, rec: Rec) {
     // written whole; `rec` is plain data.
     unsafe {
         use std::arch::x86_64::{__m128i, _mm_stream_si128};
-        let src = &rec as *const Rec as *const __m128i;
-        let dst = to as *mut Rec as *mut __m128i;
+        let src = (&rec as *const Rec).cast::<__m128i>();
+        let dst = (to as *mut Rec).cast::<__m128i>();
         _mm_stream_si128(dst, src.read());
         _mm_stream_si128(dst.add(1), src.add(1).read());
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
         *to = rec;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A record written past the caches reads back field by field as it was.
+    #[test]
+    fn a_streamed_record_reads_back_whole() {
+        for kind in [
+            BlockEventKind::Hit,
+            BlockEventKind::Loaded,
+            BlockEventKind::Allocated,
+            BlockEventKind::Filled,
+            BlockEventKind::Evicted,
+            BlockEventKind::Preempted,
+        ] {
+            let mut r = Rec::new(
+                kind,
+                Some(0xdead_beef),
+                Some(0x0123_4567),
+                Some(u64::MAX - 5),
+            );
+            r.prev = 0x8000_0000_0000_0001;
+            r.owner = 0xfeed_f00d;
+            r.flags |= NEW_ENTRY | WITH_EVICTED;
+            let mut to = Rec::new(BlockEventKind::Hit, None, None, None);
+            store(&mut to, r);
+            assert_eq!(
+                (to.hash, to.prev, to.index, to.block, to.owner, to.kind, to.flags),
+                (r.hash, r.prev, r.index, r.block, r.owner, r.kind, r.flags)
+            );
+        }
     }
 }
