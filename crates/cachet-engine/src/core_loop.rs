@@ -348,6 +348,7 @@ impl<E: Executor> EngineCore<E> {
         let Some(rec) = self.scheduler.observer_mut().as_mut() else {
             return;
         };
+        rec.end_step();
         if !self.event_sinks.is_empty() {
             let events = rec.take_events();
             if !events.is_empty() {

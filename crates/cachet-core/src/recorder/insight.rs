@@ -221,6 +221,11 @@ impl Insight {
             .make_room(chains, self.index.as_mut().map(|ix| &mut ix.creators));
     }
 
+    /// The step ended: what it recorded is visible to any thread that reads it next.
+    pub(crate) fn end_step(&self) {
+        self.log.fence();
+    }
+
     /// Whether requests have a lifecycle chain and [`Ids`] (lifecycles or the block index are
     /// kept).
     fn keeps_hot(&self) -> bool {

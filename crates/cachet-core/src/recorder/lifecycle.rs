@@ -11,6 +11,8 @@
 //! that hold the oldest records are moved out of it into their own buffers ([`Chain::spill`]).
 //! The evicted entry's owner of an `evicted` record is an id of the block index's [`Creators`],
 //! held by the record until the ring's tail passes it (or its moved copy is dropped).
+//! Records are written with streaming stores (the step never reads them back); the engine
+//! fences once a step (`Recorder::end_step`), so a thread that reads the log later sees them.
 
 use std::sync::Arc;
 
@@ -323,6 +325,16 @@ impl LifeLog {
         }
         chain.last = p;
         chain.count += n;
+    }
+
+    /// Make the records written past the caches visible to every core (a store fence): at
+    /// the end of a step, before anything (another thread included) may read the log.
+    pub(super) fn fence(&self) {
+        #[cfg(target_arch = "x86_64")]
+        if self.head > 0 {
+            // SAFETY: a store fence has no operands and no effect but ordering.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+        }
     }
 
     /// `chain` is dropped: release the owners its moved records hold (its records in the ring

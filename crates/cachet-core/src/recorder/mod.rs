@@ -276,6 +276,13 @@ impl Recorder {
         }
     }
 
+    /// The step ended (the engine calls it once a step): the lifecycle records it wrote with
+    /// streaming stores are made visible to every core, so that a recorder read on another
+    /// thread later sees them.
+    pub fn end_step(&self) {
+        self.insight.end_step();
+    }
+
     /// Monotonic totals (turn them into deltas with [`crate::stats::DeltaTracker`]).
     pub fn totals(&self) -> CounterTotals {
         self.totals
