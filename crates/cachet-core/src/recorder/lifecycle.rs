@@ -92,7 +92,7 @@ pub(super) struct Rec {
     pub(super) index: u32,
     pub(super) block: u32,
     /// `evicted`: the dropped entry's creator, an id of [`Creators`] held by this record
-    /// (`NONE`: none, or the hold moved with a copy of the record).
+    /// (`NONE`: none).
     pub(super) owner: u32,
     pub(super) kind: BlockEventKind,
     pub(super) flags: u8,
