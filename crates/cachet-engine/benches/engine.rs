@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with, insight_without};
 use cachet_engine::InsightConfig;
 use criterion::{criterion_group, Criterion};
 
@@ -22,7 +22,7 @@ fn step_1000_decodes(c: &mut Criterion) {
     for (name, telemetry, insight) in [
         ("off", false, InsightConfig::off()),
         ("on", true, InsightConfig::off()),
-        ("on_insight", true, ablated(InsightConfig::full())),
+        ("on_insight", true, ablated()),
     ] {
         one(c, name, telemetry, insight);
     }
@@ -30,18 +30,8 @@ fn step_1000_decodes(c: &mut Criterion) {
 
 /// Experiments: `CACHET_ABLATE` takes pieces out of the full insight (comma-separated:
 /// `history`, `index`, `shadow`, `tenants`).
-fn ablated(mut cfg: InsightConfig) -> InsightConfig {
-    let v = std::env::var("CACHET_ABLATE").unwrap_or_default();
-    for part in v.split(',') {
-        match part {
-            "history" => cfg.request_history = 0,
-            "index" => cfg.block_index = false,
-            "shadow" => cfg.shadow_blocks = Some(0),
-            "tenants" => cfg.max_tenant_labels = None,
-            _ => {}
-        }
-    }
-    cfg
+fn ablated() -> InsightConfig {
+    insight_without(&std::env::var("CACHET_ABLATE").unwrap_or_default())
 }
 
 /// This thread's CPU time.
@@ -146,7 +136,7 @@ fn interleaved(rounds: usize) {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1000);
     let mut on = Runner::new(true, InsightConfig::off());
-    let mut full = Runner::new(true, ablated(InsightConfig::full()));
+    let mut full = Runner::new(true, ablated());
     // Past the first generation of requests (64-191 tokens): the steady state.
     on.steps(400);
     full.steps(400);

@@ -4,7 +4,7 @@
 //! min / median / max of 20 rounds of 400 steps (replacing finished requests is included).
 use std::time::Instant;
 
-use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with};
+use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with, insight_without};
 use cachet_engine::InsightConfig;
 
 fn main() {
@@ -12,20 +12,7 @@ fn main() {
     let telemetry = mode != "off";
     let insight = if mode == "full" {
         // `CACHET_ABLATE` takes pieces out, as in `benches/engine.rs`.
-        let mut cfg = InsightConfig::full();
-        for part in std::env::var("CACHET_ABLATE")
-            .unwrap_or_default()
-            .split(',')
-        {
-            match part {
-                "history" => cfg.request_history = 0,
-                "index" => cfg.block_index = false,
-                "shadow" => cfg.shadow_blocks = Some(0),
-                "tenants" => cfg.max_tenant_labels = None,
-                _ => {}
-            }
-        }
-        cfg
+        insight_without(&std::env::var("CACHET_ABLATE").unwrap_or_default())
     } else {
         InsightConfig::off()
     };

@@ -369,6 +369,22 @@ pub fn decode_workload_request(i: u64) -> cachet_core::RequestDraft {
     )
 }
 
+/// The full cache insight without the pieces `ablate` names (comma-separated: `history`,
+/// `index`, `shadow`, `tenants`; others are ignored): the step benchmark's `CACHET_ABLATE`.
+pub fn insight_without(ablate: &str) -> cachet_core::recorder::InsightConfig {
+    let mut cfg = cachet_core::recorder::InsightConfig::full();
+    for part in ablate.split(',') {
+        match part {
+            "history" => cfg.request_history = 0,
+            "index" => cfg.block_index = false,
+            "shadow" => cfg.shadow_blocks = Some(0),
+            "tenants" => cfg.max_tenant_labels = None,
+            _ => {}
+        }
+    }
+    cfg
+}
+
 /// Validate and add request `i` of the decode workload under handle `i`.
 pub fn add_decode_workload_request(
     core: &mut crate::core_loop::EngineCore<SimExecutor>,
@@ -433,4 +449,35 @@ fn prefetch<T>(v: &T) {
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = v;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cachet_core::recorder::InsightConfig;
+
+    /// The benches' ablation takes out exactly the pieces named.
+    #[test]
+    fn insight_without_takes_out_the_named_pieces() {
+        assert_eq!(insight_without(""), InsightConfig::full());
+        let cfg = insight_without("index,shadow");
+        assert_eq!(
+            cfg,
+            InsightConfig {
+                block_index: false,
+                shadow_blocks: Some(0),
+                ..InsightConfig::full()
+            }
+        );
+        let all = insight_without("history,index,shadow,tenants");
+        assert_eq!(
+            (
+                all.request_history,
+                all.block_index,
+                all.shadow_blocks,
+                all.max_tenant_labels
+            ),
+            (0, false, Some(0), None)
+        );
+    }
 }
