@@ -122,7 +122,9 @@ pub async fn cache_events(
             }
         }
     };
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    crate::generate::utf8_event_stream(
+        Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
 }

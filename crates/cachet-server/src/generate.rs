@@ -570,8 +570,9 @@ impl Generation {
     }
 }
 
-/// A streamed generation's response declared UTF-8: `text/event-stream; charset=utf-8`, as
-/// OpenAI, Anthropic and vLLM send it. Server-sent events are always UTF-8, but a client that
+/// A server-sent event stream declared UTF-8 (a streamed generation's, the KV events', the
+/// inspector's snapshots): `text/event-stream; charset=utf-8`, as OpenAI, Anthropic and vLLM
+/// send it. Server-sent events are always UTF-8, but a client that
 /// goes by the header alone (Python `requests` reads a `text/*` type without a charset as
 /// ISO-8859-1) would otherwise split a line inside a character whose UTF-8 holds the byte 0x85,
 /// which Latin-1 makes a line break (NEL): `"★"` is `E2 98 85`.

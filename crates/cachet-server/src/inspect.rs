@@ -201,7 +201,9 @@ pub async fn stats_stream(State(state): State<AppState>, Query(q): Query<StreamQ
                 .data(snapshot_json(&snap, ts).to_string()));
         }
     };
-    Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    crate::generate::utf8_event_stream(
+        Sse::new(stream)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    )
 }

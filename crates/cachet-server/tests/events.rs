@@ -24,6 +24,11 @@ async fn read_events(
     }
     let resp = h.send(req.body(Body::empty()).unwrap()).await;
     assert_eq!(resp.status(), StatusCode::OK);
+    // Request and session ids, adapters and salts are any text: declared UTF-8.
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
     let mut body = resp.into_body();
     let mut text = String::new();
     let mut out = Vec::new();

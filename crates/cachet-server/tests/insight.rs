@@ -345,6 +345,11 @@ async fn the_stats_stream_sends_snapshots() {
         )
         .await;
     assert_eq!(resp.status(), StatusCode::OK);
+    // Request ids, tenants and a divergence point's tokens are any text: declared UTF-8.
+    assert_eq!(
+        resp.headers()["content-type"],
+        "text/event-stream; charset=utf-8"
+    );
     let mut body = resp.into_body();
     let mut buf = String::new();
     while !buf.contains("\n\n") {
