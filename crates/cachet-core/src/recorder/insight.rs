@@ -505,6 +505,11 @@ impl Insight {
         kv: &crate::kv_manager::KvEffects,
         blocks: &[BlockId],
     ) {
+        // The request's line, last touched a block of decode steps ago: its misses overlap
+        // with the index's below.
+        if let Some(l) = slot.and_then(|s| self.live.get(s as usize)) {
+            super::prefetch(l);
+        }
         self.ensure(pool);
         // The entries it evicted are dropped from the index now, after what is queued.
         if self.index.is_some() {
