@@ -293,6 +293,14 @@ impl BlockIndex {
         }
     }
 
+    /// Start loading what dropping the entry in `block` reads (its creator id).
+    #[inline]
+    pub(crate) fn prefetch_owner(&self, block: BlockId) {
+        if let Some(o) = self.owner.get(block as usize) {
+            super::prefetch(o);
+        }
+    }
+
     /// Live entries that hold a creator id.
     #[cfg(test)]
     pub(crate) fn owned_entries(&self) -> usize {

@@ -510,6 +510,11 @@ impl Insight {
         if let Some(l) = slot.and_then(|s| self.live.get(s as usize)) {
             super::prefetch(l);
         }
+        if let Some(ix) = self.index.as_ref() {
+            for e in &kv.evicted {
+                ix.prefetch_owner(e.block);
+            }
+        }
         self.ensure(pool);
         // The entries it evicted are dropped from the index now, after what is queued.
         if self.index.is_some() {
