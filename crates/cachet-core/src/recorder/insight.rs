@@ -228,7 +228,7 @@ impl Insight {
 
     /// Whether requests have a lifecycle chain and [`Ids`] (lifecycles or the block index are
     /// kept).
-    fn keeps_hot(&self) -> bool {
+    fn keeps_live(&self) -> bool {
         self.cfg.request_history > 0 || self.cfg.block_index
     }
 
@@ -262,7 +262,7 @@ impl Insight {
         adapter: Option<&str>,
     ) -> RequestInsight {
         self.flush();
-        if self.keeps_hot() {
+        if self.keeps_live() {
             let chain = if self.cfg.request_history > 0 {
                 Chain::kept()
             } else {
@@ -281,7 +281,7 @@ impl Insight {
                     ..Default::default()
                 },
             );
-            self.drop_hot(old);
+            self.drop_live(old);
         }
         RequestInsight {
             tenant: self.tenants.as_mut().map(|t| t.index_of(tenant)),
@@ -297,7 +297,7 @@ impl Insight {
         tenant: Option<usize>,
     ) -> RequestInsight {
         self.flush();
-        if self.keeps_hot() {
+        if self.keeps_live() {
             let parent = self.live.get(parent_slot as usize);
             let keeps = parent.is_some_and(|l| l.chain.on);
             let root_key = parent.map_or(0, |l| l.ids.root_key);
@@ -313,7 +313,7 @@ impl Insight {
                     ..Default::default()
                 },
             );
-            self.drop_hot(old);
+            self.drop_live(old);
         }
         RequestInsight {
             tenant,
@@ -324,7 +324,7 @@ impl Insight {
 
     /// Release what a slot's state left holds (none: a finished request's is taken). Its
     /// records in the log are released when the log's tail passes them.
-    fn drop_hot(&mut self, (old, ids): (Chain, Ids)) {
+    fn drop_live(&mut self, (old, ids): (Chain, Ids)) {
         if ids.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
                 ix.creators.finish_live(ids.creator, ids.entries);
