@@ -363,8 +363,7 @@ impl LifeLog {
         mut creators: Option<&mut Creators>,
     ) {
         if self.ring.is_empty() {
-            let n = FIRST_LOG.min(self.max).max(2).next_power_of_two();
-            self.ring = vec![Rec::new(BlockEventKind::Hit, None, None, None); n];
+            self.ring = blank(FIRST_LOG.min(self.max).max(2).next_power_of_two());
             return;
         }
         let cap = self.ring.len();
@@ -389,21 +388,15 @@ impl LifeLog {
         #[cfg(test)]
         SPILLS.with(|n| n.set(n.get() + 1));
         let mut v = Vec::new();
-        let mut p = chain.last;
-        while p != NO {
-            let r = self.ring[self.at(p)];
+        for (p, mut r) in self.in_ring(chain) {
             if r.owner != NONE {
                 // The copy holds the owner now.
                 if let Ok(k) = self.owners.binary_search_by_key(&p, |e| e.0) {
                     self.owners[k].1 = NONE;
                 }
             }
-            v.push(r);
-            p = r.prev;
-        }
-        v.reverse();
-        for r in &mut v {
             r.prev = NO;
+            v.push(r);
         }
         if chain.spill == NONE {
             chain.spill = match self.free_spills.pop() {
@@ -419,9 +412,22 @@ impl LifeLog {
         chain.last = NO;
     }
 
+    /// `chain`'s records in the ring with their positions, oldest first.
+    fn in_ring(&self, chain: &Chain) -> Vec<(u64, Rec)> {
+        let mut v = Vec::new();
+        let mut p = chain.last;
+        while p != NO {
+            let r = self.ring[self.at(p)];
+            v.push((p, r));
+            p = r.prev;
+        }
+        v.reverse();
+        v
+    }
+
     fn grow(&mut self) {
         let cap = self.ring.len() * 2;
-        let mut ring = vec![Rec::new(BlockEventKind::Hit, None, None, None); cap];
+        let mut ring = blank(cap);
         for p in self.tail..self.head {
             ring[(p as usize) & (cap - 1)] = self.ring[self.at(p)];
         }
@@ -452,20 +458,13 @@ impl LifeLog {
 
     /// `chain`'s first `take` events in order (moved records first), a record each.
     pub(super) fn records(&self, chain: &Chain, take: usize) -> Vec<Rec> {
-        let mut v = Vec::new();
-        let mut p = chain.last;
-        while p != NO {
-            let r = self.ring[self.at(p)];
-            v.push(r);
-            p = r.prev;
-        }
-        v.reverse();
+        let v = self.in_ring(chain);
         let moved = self
             .spills
             .get(chain.spill as usize)
             .map_or(&[][..], |s| &s[..]);
         let mut all = Vec::with_capacity(chain.count());
-        for r in moved.iter().chain(&v) {
+        for r in moved.iter().chain(v.iter().map(|(_, r)| r)) {
             r.expand(|e| all.push(e));
         }
         all.truncate(take);
@@ -524,6 +523,11 @@ pub(super) struct Kept {
 thread_local! {
     /// Lifecycles moved out of the log (tests).
     pub(super) static SPILLS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// A ring of `n` unused records.
+fn blank(n: usize) -> Vec<Rec> {
+    vec![Rec::new(BlockEventKind::Hit, None, None, None); n]
 }
 
 /// Write `rec` to `to` past the caches: the step never reads a record back (the inspector
