@@ -15,40 +15,40 @@ use crate::{BlockId, TokenId};
 impl<O: Observer> Scheduler<O> {
     /// Borrowed views of a plan's chunks for the executor (the engine adds the loads).
     pub fn exec_batch<'a>(&'a self, out: &SchedulerOutput) -> ExecBatch<'a> {
-        let seqs = out
-            .chunks
-            .iter()
-            .filter_map(|c| {
-                let r = self.slot(c.slot)?;
-                let end = c.start_pos + c.num_tokens;
-                // A chunk with drafts is `[last, d1..dk]`, kept apart from the committed tokens.
-                let (tokens, drafts) = match r.spec.buf.get(..=c.drafts) {
-                    Some(buf) if c.drafts > 0 => (buf, &buf[1..]),
-                    _ => (&r.tokens[c.start_pos..end - c.drafts], &[][..]),
-                };
-                let prompt_logprobs = match r.prompt_lp {
-                    Some(top) if c.start_pos < r.prompt_len => Some(PromptLogprobsSpec {
-                        targets: &r.tokens[c.start_pos + 1..(end + 1).min(r.prompt_len)],
-                        top,
-                    }),
-                    _ => None,
-                };
-                Some(SeqChunk {
-                    slot: c.slot,
-                    tokens,
-                    start_pos: c.start_pos,
-                    block_table: &r.kv.blocks,
-                    sample: c.sample.then(|| SampleSpec {
-                        params: &r.sampling,
-                        prompt: &r.tokens[..r.prompt_len],
-                        output: &r.tokens[r.prompt_len..],
-                        forks: if r.has_output() { &[] } else { &r.forks },
-                        drafts,
-                    }),
-                    prompt_logprobs,
-                })
+        // Sized up front: grown by doubling, a batch of a thousand chunks was copied about once
+        // over per step, more often the more the heap around it was taken (no room to grow in
+        // place).
+        let mut seqs = Vec::with_capacity(out.chunks.len());
+        seqs.extend(out.chunks.iter().filter_map(|c| {
+            let r = self.slot(c.slot)?;
+            let end = c.start_pos + c.num_tokens;
+            // A chunk with drafts is `[last, d1..dk]`, kept apart from the committed tokens.
+            let (tokens, drafts) = match r.spec.buf.get(..=c.drafts) {
+                Some(buf) if c.drafts > 0 => (buf, &buf[1..]),
+                _ => (&r.tokens[c.start_pos..end - c.drafts], &[][..]),
+            };
+            let prompt_logprobs = match r.prompt_lp {
+                Some(top) if c.start_pos < r.prompt_len => Some(PromptLogprobsSpec {
+                    targets: &r.tokens[c.start_pos + 1..(end + 1).min(r.prompt_len)],
+                    top,
+                }),
+                _ => None,
+            };
+            Some(SeqChunk {
+                slot: c.slot,
+                tokens,
+                start_pos: c.start_pos,
+                block_table: &r.kv.blocks,
+                sample: c.sample.then(|| SampleSpec {
+                    params: &r.sampling,
+                    prompt: &r.tokens[..r.prompt_len],
+                    output: &r.tokens[r.prompt_len..],
+                    forks: if r.has_output() { &[] } else { &r.forks },
+                    drafts,
+                }),
+                prompt_logprobs,
             })
-            .collect();
+        }));
         ExecBatch {
             copies: out.copies.clone(),
             loads: Vec::new(),
