@@ -87,6 +87,19 @@ pub struct ExecBatch<'a> {
     pub seqs: Vec<SeqChunk<'a>>,
 }
 
+/// An emptied batch vector, to be filled again in a later step ([`Scheduler::exec_batch_in`]):
+/// the same allocation, free of the borrows of the step it held (no element is kept, so none
+/// outlives what it borrowed; the standard library collects an emptied vector into one of the
+/// same layout in place).
+///
+/// [`Scheduler::exec_batch_in`]: crate::Scheduler::exec_batch_in
+// (`filter_map`, not `filter`: the element type changes, its borrows' lifetime.)
+#[allow(clippy::unnecessary_filter_map)]
+pub fn recycle_seqs<'b>(mut seqs: Vec<SeqChunk<'_>>) -> Vec<SeqChunk<'b>> {
+    seqs.clear();
+    seqs.into_iter().filter_map(|_| None).collect()
+}
+
 /// What one step produced.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ExecOutput {
@@ -174,4 +187,32 @@ pub trait Executor: Send {
     }
     /// Run one step: do `batch.copies`, write `batch.loads`, then compute the chunks.
     fn execute(&mut self, batch: &ExecBatch<'_>) -> Result<ExecOutput, ExecError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine keeps one batch vector for all steps: emptied and released from a step's
+    /// borrows, it keeps its allocation (the same memory, its whole capacity).
+    #[test]
+    fn a_recycled_batch_vector_keeps_its_allocation() {
+        let tokens = vec![7, 8, 9];
+        let blocks = vec![3];
+        let mut seqs = Vec::with_capacity(1000);
+        seqs.push(SeqChunk {
+            slot: 0,
+            tokens: &tokens,
+            start_pos: 0,
+            block_table: &blocks,
+            sample: None,
+            prompt_logprobs: None,
+        });
+        let at = seqs.as_ptr() as usize;
+        let kept: Vec<SeqChunk<'static>> = recycle_seqs(seqs);
+        drop(tokens);
+        assert!(kept.is_empty());
+        assert_eq!(kept.capacity(), 1000);
+        assert_eq!(kept.as_ptr() as usize, at);
+    }
 }

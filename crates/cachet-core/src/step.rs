@@ -15,10 +15,22 @@ use crate::{BlockId, TokenId};
 impl<O: Observer> Scheduler<O> {
     /// Borrowed views of a plan's chunks for the executor (the engine adds the loads).
     pub fn exec_batch<'a>(&'a self, out: &SchedulerOutput) -> ExecBatch<'a> {
+        self.exec_batch_in(out, Vec::new())
+    }
+
+    /// [`Scheduler::exec_batch`] written into `seqs` (cleared first): a buffer kept from step
+    /// to step ([`crate::exec::recycle_seqs`]) is written where the last step's was, in lines
+    /// the cache still holds, not in fresh memory the allocator hands out.
+    pub fn exec_batch_in<'a>(
+        &'a self,
+        out: &SchedulerOutput,
+        mut seqs: Vec<SeqChunk<'a>>,
+    ) -> ExecBatch<'a> {
         // Sized up front: grown by doubling, a batch of a thousand chunks was copied about once
         // over per step, more often the more the heap around it was taken (no room to grow in
         // place).
-        let mut seqs = Vec::with_capacity(out.chunks.len());
+        seqs.clear();
+        seqs.reserve(out.chunks.len());
         seqs.extend(out.chunks.iter().filter_map(|c| {
             let r = self.slot(c.slot)?;
             let end = c.start_pos + c.num_tokens;

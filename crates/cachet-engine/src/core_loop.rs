@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use cachet_core::connector::{KvLookup, TierTag};
 use cachet_core::events::EventBatch;
-use cachet_core::exec::{BlockLoad, Executor};
+use cachet_core::exec::{recycle_seqs, BlockLoad, Executor, SeqChunk};
 use cachet_core::recorder::InsightConfig;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
@@ -72,6 +72,8 @@ pub struct EngineCore<E: Executor> {
     schedule_log: Option<Vec<SchedulerOutput>>,
     /// The last step had nothing to execute (every live request waits for its loads).
     idle: bool,
+    /// The executor's batch vector, empty between steps ([`cachet_core::exec::recycle_seqs`]).
+    seqs: Vec<SeqChunk<'static>>,
 }
 
 /// Copies the `wanted` blocks out of the executor into the tier's payload buffers in one call
@@ -128,6 +130,7 @@ impl<E: Executor> EngineCore<E> {
             ready_loads: Vec::new(),
             schedule_log: None,
             idle: false,
+            seqs: Vec::new(),
         }
     }
 
@@ -228,7 +231,8 @@ impl<E: Executor> EngineCore<E> {
             return Ok(Vec::new());
         }
         let results = {
-            let mut batch = self.scheduler.exec_batch(&plan);
+            let seqs = recycle_seqs(std::mem::take(&mut self.seqs));
+            let mut batch = self.scheduler.exec_batch_in(&plan, seqs);
             batch.loads = self
                 .ready_loads
                 .iter()
@@ -237,7 +241,9 @@ impl<E: Executor> EngineCore<E> {
                     data,
                 })
                 .collect();
-            self.executor.execute(&batch)?
+            let results = self.executor.execute(&batch);
+            self.seqs = recycle_seqs(batch.seqs);
+            results?
         };
         self.ready_loads.clear();
         let mut updates = self.scheduler.update(&plan, results, now());
