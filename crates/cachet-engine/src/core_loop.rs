@@ -335,7 +335,7 @@ impl<E: Executor> EngineCore<E> {
             return;
         }
         let mut i = 0;
-        for (slot, report) in rec.take_reports() {
+        for (slot, report) in rec.drain_reports() {
             let wanted = |u: &RequestUpdate| {
                 u.slot == slot && u.report.is_none() && (u.first_token || u.finish.is_some())
             };

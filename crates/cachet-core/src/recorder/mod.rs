@@ -309,6 +309,12 @@ impl Recorder {
         std::mem::take(&mut self.reports)
     }
 
+    /// [`Recorder::take_reports`], keeping the vector's room for the next step's (a report is
+    /// large: grown from nothing every step, the vector was copied as it grew).
+    pub fn drain_reports(&mut self) -> std::vec::Drain<'_, (u32, Report)> {
+        self.reports.drain(..)
+    }
+
     /// Whether any report is pending (cheap check for the common decode step).
     pub fn has_reports(&self) -> bool {
         !self.reports.is_empty()
