@@ -128,8 +128,9 @@ impl EngineArgs {
         self.speculative
             .map(|Speculative::Ngram| cachet_core::spec::SpecConfig {
                 num_speculative_tokens: self.num_speculative_tokens,
-                prompt_lookup_min: self.spec_ngram_min.max(1),
-                prompt_lookup_max: self.spec_ngram_max.max(self.spec_ngram_min.max(1)),
+                // (`wiring::build` refuses a range that matches nothing.)
+                prompt_lookup_min: self.spec_ngram_min,
+                prompt_lookup_max: self.spec_ngram_max,
                 ..Default::default()
             })
     }

@@ -128,6 +128,13 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
             "--block-size, --max-num-batched-tokens and --max-num-seqs must be positive".into(),
         ));
     }
+    if a.speculative.is_some() && (a.spec_ngram_min == 0 || a.spec_ngram_max < a.spec_ngram_min) {
+        return Err(WiringError::Invalid(format!(
+            "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
+             (got {} and {})",
+            a.spec_ngram_min, a.spec_ngram_max
+        )));
+    }
     match a.executor {
         ExecutorKind::Sim => {
             let num_blocks = a.num_kv_blocks.unwrap_or(4096);
@@ -296,6 +303,30 @@ mod tests {
     fn sim() -> AnyExecutor {
         let built = build(&EngineArgs::default()).unwrap();
         built.executor
+    }
+
+    /// An n-gram range that matches nothing is refused, not silently widened.
+    #[test]
+    fn an_empty_ngram_range_is_refused() {
+        let spec = |min, max| EngineArgs {
+            speculative: Some(crate::args::Speculative::Ngram),
+            spec_ngram_min: min,
+            spec_ngram_max: max,
+            ..EngineArgs::default()
+        };
+        for (min, max) in [(0, 4), (3, 2)] {
+            let Err(WiringError::Invalid(msg)) = build(&spec(min, max)) else {
+                panic!("--spec-ngram-min {min} --spec-ngram-max {max} was accepted");
+            };
+            assert!(msg.contains(&format!("got {min} and {max}")), "{msg}");
+        }
+        assert!(build(&spec(3, 3)).is_ok());
+        assert_eq!(
+            spec(3, 3)
+                .spec_config()
+                .map(|c| (c.prompt_lookup_min, c.prompt_lookup_max)),
+            Some((3, 3))
+        );
     }
 
     #[test]
