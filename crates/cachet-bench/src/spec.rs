@@ -341,6 +341,19 @@ fn cpu_name() -> String {
 }
 
 pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
+    let spec = SpecConfig {
+        num_speculative_tokens: a.num_speculative_tokens,
+        prompt_lookup_min: a.spec_ngram_min,
+        prompt_lookup_max: a.spec_ngram_max,
+        adaptive: true,
+    };
+    if !spec.ngram_range_ok() {
+        return Err(BenchError::Setup(format!(
+            "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
+             (got {} and {})",
+            a.spec_ngram_min, a.spec_ngram_max
+        )));
+    }
     let path = a
         .model
         .clone()
@@ -353,12 +366,6 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
             ..Default::default()
         },
     )?;
-    let spec = SpecConfig {
-        num_speculative_tokens: a.num_speculative_tokens,
-        prompt_lookup_min: a.spec_ngram_min.max(1),
-        prompt_lookup_max: a.spec_ngram_max.max(a.spec_ngram_min.max(1)),
-        adaptive: true,
-    };
     let fixed = SpecConfig {
         adaptive: false,
         ..spec
@@ -629,5 +636,34 @@ mod tests {
         assert_eq!(f.matches("pub fn").count(), 3);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0]), 2.5);
+    }
+
+    /// An n-gram range that matches nothing is refused before any model is read.
+    #[test]
+    fn an_empty_ngram_range_is_refused_before_the_model_loads() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            a: SpecArgs,
+        }
+        // (0 is refused by the argument parser already.)
+        for (min, max) in [("3", "2"), ("5", "1")] {
+            let cli = <Cli as clap::Parser>::parse_from([
+                "x",
+                "--model",
+                "/nonexistent/model.gguf",
+                "--spec-ngram-min",
+                min,
+                "--spec-ngram-max",
+                max,
+            ]);
+            match bench_spec(&cli.a) {
+                Err(BenchError::Setup(m)) => {
+                    assert!(m.contains(&format!("got {min} and {max}")), "{m}")
+                }
+                Err(e) => panic!("{e}"),
+                Ok(_) => panic!("accepted"),
+            }
+        }
     }
 }

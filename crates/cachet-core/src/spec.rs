@@ -73,6 +73,15 @@ impl Default for SpecConfig {
     }
 }
 
+impl SpecConfig {
+    /// Whether the prompt lookup's n-gram range can match anything: the shortest at least 1,
+    /// the longest at least the shortest. (The command lines refuse a range that cannot,
+    /// rather than widen it silently.)
+    pub fn ngram_range_ok(&self) -> bool {
+        self.prompt_lookup_min >= 1 && self.prompt_lookup_max >= self.prompt_lookup_min
+    }
+}
+
 /// Most proposals a request passes over after a streak of rejected drafts.
 pub const MAX_SKIP: u32 = 15;
 
@@ -347,6 +356,19 @@ mod tests {
         let n = propose_ngram(tokens, min, max, k, &mut out);
         assert_eq!(n, out.len());
         out
+    }
+
+    #[test]
+    fn an_ngram_range_matches_something_from_one_token_up() {
+        let range = |min, max| SpecConfig {
+            prompt_lookup_min: min,
+            prompt_lookup_max: max,
+            ..SpecConfig::default()
+        };
+        assert!(SpecConfig::default().ngram_range_ok());
+        assert!(range(1, 1).ngram_range_ok() && range(3, 3).ngram_range_ok());
+        assert!(!range(0, 4).ngram_range_ok() && !range(0, 0).ngram_range_ok());
+        assert!(!range(3, 2).ngram_range_ok());
     }
 
     #[test]

@@ -128,7 +128,7 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
             "--block-size, --max-num-batched-tokens and --max-num-seqs must be positive".into(),
         ));
     }
-    if a.speculative.is_some() && (a.spec_ngram_min == 0 || a.spec_ngram_max < a.spec_ngram_min) {
+    if a.spec_config().is_some_and(|c| !c.ngram_range_ok()) {
         return Err(WiringError::Invalid(format!(
             "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
              (got {} and {})",
