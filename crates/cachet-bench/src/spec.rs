@@ -347,13 +347,7 @@ pub fn bench_spec(a: &SpecArgs) -> Result<SpecReport, BenchError> {
         prompt_lookup_max: a.spec_ngram_max,
         adaptive: true,
     };
-    if !spec.ngram_range_ok() {
-        return Err(BenchError::Setup(format!(
-            "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
-             (got {} and {})",
-            a.spec_ngram_min, a.spec_ngram_max
-        )));
-    }
+    spec.check_ngram_range().map_err(BenchError::Setup)?;
     let path = a
         .model
         .clone()

@@ -76,9 +76,16 @@ impl Default for SpecConfig {
 impl SpecConfig {
     /// Whether the prompt lookup's n-gram range can match anything: the shortest at least 1,
     /// the longest at least the shortest. (The command lines refuse a range that cannot,
-    /// rather than widen it silently.)
-    pub fn ngram_range_ok(&self) -> bool {
-        self.prompt_lookup_min >= 1 && self.prompt_lookup_max >= self.prompt_lookup_min
+    /// rather than widen it silently, with this message.)
+    pub fn check_ngram_range(&self) -> Result<(), String> {
+        if self.prompt_lookup_min >= 1 && self.prompt_lookup_max >= self.prompt_lookup_min {
+            return Ok(());
+        }
+        Err(format!(
+            "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
+             (got {} and {})",
+            self.prompt_lookup_min, self.prompt_lookup_max
+        ))
     }
 }
 
@@ -365,10 +372,13 @@ mod tests {
             prompt_lookup_max: max,
             ..SpecConfig::default()
         };
-        assert!(SpecConfig::default().ngram_range_ok());
-        assert!(range(1, 1).ngram_range_ok() && range(3, 3).ngram_range_ok());
-        assert!(!range(0, 4).ngram_range_ok() && !range(0, 0).ngram_range_ok());
-        assert!(!range(3, 2).ngram_range_ok());
+        assert_eq!(SpecConfig::default().check_ngram_range(), Ok(()));
+        assert_eq!(range(1, 1).check_ngram_range(), Ok(()));
+        assert_eq!(range(3, 3).check_ngram_range(), Ok(()));
+        for (min, max) in [(0, 4), (0, 0), (3, 2)] {
+            let e = range(min, max).check_ngram_range().unwrap_err();
+            assert!(e.ends_with(&format!("(got {min} and {max})")), "{e}");
+        }
     }
 
     #[test]

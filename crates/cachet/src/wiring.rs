@@ -128,12 +128,8 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
             "--block-size, --max-num-batched-tokens and --max-num-seqs must be positive".into(),
         ));
     }
-    if a.spec_config().is_some_and(|c| !c.ngram_range_ok()) {
-        return Err(WiringError::Invalid(format!(
-            "--spec-ngram-min must be at least 1 and --spec-ngram-max at least --spec-ngram-min \
-             (got {} and {})",
-            a.spec_ngram_min, a.spec_ngram_max
-        )));
+    if let Some(spec) = a.spec_config() {
+        spec.check_ngram_range().map_err(WiringError::Invalid)?;
     }
     match a.executor {
         ExecutorKind::Sim => {
