@@ -125,7 +125,7 @@ impl Core {
         let out = self.s.schedule(now, tier);
         let results = fake_execute(&self.s.exec_batch(&out));
         let mut ups = self.s.update(&out, results, now);
-        let reports = self.s.observer_mut().take_reports();
+        let reports: Vec<_> = self.s.observer_mut().drain_reports().collect();
         for (slot, rep) in reports {
             if let Some(u) = ups
                 .iter_mut()

@@ -304,13 +304,9 @@ impl Recorder {
     }
 
     /// Reports for first-token and final updates since the last call, as (slot, report), in
-    /// the order of the updates they belong to; at most one per slot and update.
-    pub fn take_reports(&mut self) -> Vec<(u32, Report)> {
-        std::mem::take(&mut self.reports)
-    }
-
-    /// [`Recorder::take_reports`], keeping the vector's room for the next step's (a report is
-    /// large: grown from nothing every step, the vector was copied as it grew).
+    /// the order of the updates they belong to; at most one per slot and update. The vector
+    /// keeps its room for the next step's (a report is large: grown from nothing every step,
+    /// it was copied as it grew).
     pub fn drain_reports(&mut self) -> std::vec::Drain<'_, (u32, Report)> {
         self.reports.drain(..)
     }
