@@ -21,7 +21,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(test)]
 use crate::events::wire_hash;
+#[cfg(test)]
 use crate::hash::BlockHash;
 use crate::{BlockId, TokenId};
 
@@ -274,23 +276,28 @@ impl BlockIndex {
         }
     }
 
-    /// Start loading what creating an entry in `block` under `parent` touches: the entry's
-    /// line, the parent's (its children's head) and the entry's tokens.
+    /// Start loading what creating an entry in `block` under `parent` (`NONE`: none) touches:
+    /// the entry's line, the parent's (its children's head) and the entry's tokens.
     #[inline]
-    pub(crate) fn prefetch_create(&self, block: BlockId, parent: Option<BlockId>) {
+    pub(crate) fn prefetch_create(&self, block: BlockId, parent: BlockId) {
         if let Some(s) = self.slots.get(block as usize) {
             super::prefetch(s);
         }
         if let Some(o) = self.owner.get(block as usize) {
             super::prefetch(o);
         }
-        if let Some(p) = parent.and_then(|p| self.slots.get(p as usize)) {
+        if let Some(p) = self.slots.get(parent as usize) {
             super::prefetch(p);
         }
         // Its tokens, written (a block of 16 tokens is one line).
         if let Some(t) = self.tokens.get(self.tokens_at(block as usize)) {
             super::prefetch(t);
         }
+    }
+
+    /// Tokens per block.
+    pub(crate) fn block_size(&self) -> usize {
+        self.b
     }
 
     /// Start loading what dropping the entry in `block` reads (its creator id).
@@ -400,19 +407,28 @@ impl BlockIndex {
         now: f64,
     ) {
         self.create(
-            block, hash, depth, parent, tokens, root_key, creator, now, true,
+            block,
+            wire_hash(&hash),
+            depth,
+            parent.unwrap_or(NONE),
+            tokens,
+            root_key,
+            creator,
+            now,
+            true,
         );
     }
 
-    /// [`BlockIndex::created`]; `hold`: the entry takes a hold of `creator` here (else its
-    /// live request counts it, [`Creators::acquire_live`]).
+    /// [`BlockIndex::created`], with the entry's hash as KV events carry it and `parent`
+    /// `NONE` at depth 0 or when not known; `hold`: the entry takes a hold of `creator` here
+    /// (else its live request counts it, [`Creators::acquire_live`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn create(
         &mut self,
         block: BlockId,
-        hash: BlockHash,
+        wire: u64,
         depth: u32,
-        parent: Option<BlockId>,
+        parent: BlockId,
         tokens: &[TokenId],
         root_key: u64,
         creator: u32,
@@ -431,10 +447,10 @@ impl BlockIndex {
         if self.slots[i].n.occupied() {
             self.detach(block);
         }
-        let parent = match parent {
-            Some(p) if self.is_cached(p as usize) => p,
-            Some(_) => NONE,
-            None => NONE,
+        let parent = if self.is_cached(parent as usize) {
+            parent
+        } else {
+            NONE
         };
         let orphan = depth > 0 && parent == NONE;
         if hold {
@@ -444,7 +460,6 @@ impl BlockIndex {
         // Linked at the front of its siblings as it is written (no read-back of the line).
         let head = if orphan { NONE } else { self.head(parent) };
         self.set_cached(i, true);
-        let wire = wire_hash(&hash);
         self.slots[i].n = Node {
             hash: wire,
             parent,
@@ -828,9 +843,9 @@ mod tests {
     fn a_live_creator_counts_its_entries_itself() {
         let mut ix = BlockIndex::new(4, 2);
         let a = ix.creators.acquire_live(&"a".into());
-        assert!(ix.create(0, h(0), 0, None, &[1, 2], 0, a, 0.0, false));
-        assert!(ix.create(1, h(1), 1, Some(0), &[3, 4], 0, a, 0.0, false));
-        assert!(ix.create(2, h(2), 1, Some(0), &[3, 5], 0, a, 0.0, false));
+        assert!(ix.create(0, 0, 0, NONE, &[1, 2], 0, a, 0.0, false));
+        assert!(ix.create(1, 1, 1, 0, &[3, 4], 0, a, 0.0, false));
+        assert!(ix.create(2, 2, 1, 0, &[3, 5], 0, a, 0.0, false));
         // Two of its three entries are evicted while it lives: the label stays.
         for blk in [1, 0] {
             let owner = ix.evicted(blk).unwrap();
@@ -852,7 +867,7 @@ mod tests {
         ix.creators.finish_live(b, 0);
         assert_eq!(ix.creators.live(), 0);
         // A block out of range, or tokens of the wrong length, make no entry.
-        assert!(!ix.create(9, h(3), 0, None, &[1, 2], 0, b, 0.0, false));
-        assert!(!ix.create(3, h(3), 0, None, &[1], 0, b, 0.0, false));
+        assert!(!ix.create(9, 3, 0, NONE, &[1, 2], 0, b, 0.0, false));
+        assert!(!ix.create(3, 3, 0, NONE, &[1], 0, b, 0.0, false));
     }
 }

@@ -2,42 +2,46 @@
 //! queued for the block index, applied in order with their lines prefetched ahead. (Evictions
 //! are not queued: dropping an entry touches no line of it, see `blocks.rs`.)
 
-use super::blocks::BlockIndex;
+use super::blocks::{BlockIndex, NONE};
 use crate::BlockId;
 
 /// Lines prefetched ahead of the one a batch works on.
 const AHEAD: usize = 8;
 
-/// An entry the block index has not seen yet (see [`IndexQueue::push_create`]).
+/// A change the block index has not seen yet: an entry to create (its tokens in
+/// [`IndexQueue::tokens`]), or a hold of a creator to release. 48 bytes: the queue is lines
+/// the step writes and reads back, so it is kept small.
 #[derive(Clone, Copy, Debug)]
-struct PendingCreate {
-    block: BlockId,
-    hash: crate::hash::BlockHash,
-    depth: u32,
-    /// `None` at depth 0; `Some(BlockId::MAX)`: none known.
-    parent: Option<BlockId>,
+struct Pending {
+    /// The entry's hash as KV events carry it.
+    wire: u64,
     root_key: u64,
-    creator: u32,
     now: f64,
-    hold: bool,
-    /// Offset and count of its tokens in [`IndexQueue::tokens`].
-    tok: u32,
-    ntok: u32,
+    block: BlockId,
+    depth: u32,
+    /// `NONE`: depth 0, or none known.
+    parent: BlockId,
+    creator: u32,
+    /// `CREATE`, `HOLD` (the entry takes a hold of `creator`), or `RELEASE` (no entry: one
+    /// hold of `creator` released).
+    op: u8,
 }
 
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    Create(PendingCreate),
-    Release(u32),
-}
+const _: () = assert!(std::mem::size_of::<Pending>() == 48);
+
+const CREATE: u8 = 1;
+const HOLD: u8 = 2;
+const RELEASE: u8 = 4;
 
 /// New entries not yet applied to the block index, in order, with their tokens. A fill
-/// creates one entry per call, and its lines (the entry's, the parent's children's head) are
-/// cold: applied one by one, each waited for its misses; queued and applied together,
-/// [`AHEAD`] are in flight at once.
+/// creates one entry per call, and its lines (the entry's, its tokens', the parent's
+/// children's head) are cold: written one by one, each waited for its misses (a store that
+/// misses holds up every store after it); queued and applied together, [`AHEAD`] are in
+/// flight at once.
 #[derive(Debug, Default)]
 pub(super) struct IndexQueue {
-    pending: Vec<Op>,
+    pending: Vec<Pending>,
+    /// The queued entries' tokens, one block's each, in order.
     tokens: Vec<crate::TokenId>,
 }
 
@@ -47,75 +51,86 @@ impl IndexQueue {
         self.pending.is_empty()
     }
 
-    /// A new entry in `block` (see [`BlockIndex::create`]); `parent`: `None` at depth 0.
+    /// A new entry in `block` with one block's `tokens` (see [`BlockIndex::create`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn push_create(
         &mut self,
         block: BlockId,
-        hash: crate::hash::BlockHash,
+        wire: u64,
         depth: u32,
-        parent: Option<BlockId>,
+        parent: BlockId,
         tokens: &[crate::TokenId],
         root_key: u64,
         creator: u32,
         now: f64,
         hold: bool,
     ) {
-        let tok = self.tokens.len() as u32;
         self.tokens.extend_from_slice(tokens);
-        self.pending.push(Op::Create(PendingCreate {
+        self.pending.push(Pending {
+            wire,
+            root_key,
+            now,
             block,
-            hash,
             depth,
             parent,
-            root_key,
             creator,
-            now,
-            hold,
-            tok,
-            ntok: tokens.len() as u32,
-        }));
+            op: if hold { CREATE | HOLD } else { CREATE },
+        });
     }
 
     /// One hold of `creator` to release after what is queued before it.
     pub(super) fn push_release(&mut self, creator: u32) {
-        self.pending.push(Op::Release(creator));
+        self.pending.push(Pending {
+            wire: 0,
+            root_key: 0,
+            now: 0.0,
+            block: NONE,
+            depth: 0,
+            parent: NONE,
+            creator,
+            op: RELEASE,
+        });
     }
 
     /// Apply them to `index`, in order, the lines of the one [`AHEAD`] prefetched.
     #[inline(never)]
     pub(super) fn apply(&mut self, mut index: Option<&mut BlockIndex>) {
-        let ahead = |ix: Option<&BlockIndex>, op: &Op| {
-            if let (Op::Create(c), Some(ix)) = (*op, ix) {
-                ix.prefetch_create(c.block, c.parent);
+        let ahead = |ix: Option<&BlockIndex>, p: &Pending| {
+            if let (true, Some(ix)) = (p.op & CREATE != 0, ix) {
+                ix.prefetch_create(p.block, p.parent);
             }
         };
         for p in self.pending.iter().take(AHEAD) {
             ahead(index.as_deref(), p);
         }
+        let b = index.as_deref().map_or(1, BlockIndex::block_size).max(1);
+        let mut tokens = self.tokens.chunks_exact(b);
         for k in 0..self.pending.len() {
             if let Some(q) = self.pending.get(k + AHEAD) {
                 ahead(index.as_deref(), q);
             }
-            match self.pending[k] {
-                Op::Create(c) => {
-                    let t = c.tok as usize;
-                    // (`create` refuses tokens that are not one block's.)
-                    if let (Some(ix), Some(tokens)) = (
-                        index.as_deref_mut(),
-                        self.tokens.get(t..t + c.ntok as usize),
-                    ) {
-                        ix.create(
-                            c.block, c.hash, c.depth, c.parent, tokens, c.root_key, c.creator,
-                            c.now, c.hold,
-                        );
-                    }
-                }
-                Op::Release(c) => {
-                    if let Some(ix) = index.as_deref_mut() {
-                        ix.creators.release(c);
-                    }
-                }
+            let p = self.pending[k];
+            let Some(ix) = index.as_deref_mut() else {
+                continue;
+            };
+            if p.op & CREATE != 0 {
+                // (Each queued entry has one block's tokens: `filled` checks `takes` first.)
+                let Some(t) = tokens.next() else {
+                    continue;
+                };
+                ix.create(
+                    p.block,
+                    p.wire,
+                    p.depth,
+                    p.parent,
+                    t,
+                    p.root_key,
+                    p.creator,
+                    p.now,
+                    p.op & HOLD != 0,
+                );
+            } else {
+                ix.creators.release(p.creator);
             }
         }
         self.pending.clear();

@@ -662,9 +662,19 @@ impl Insight {
                         _ => BlockId::MAX,
                     });
                 let made = ix.takes(blk, toks.len());
-                self.pending.push_create(
-                    blk, h, i as u32, parent, toks, root_key, creator, now, temporary,
-                );
+                if made {
+                    self.pending.push_create(
+                        blk,
+                        wire_hash(&h),
+                        i as u32,
+                        parent.unwrap_or(NONE),
+                        toks,
+                        root_key,
+                        creator,
+                        now,
+                        temporary,
+                    );
+                }
                 if let Some(r) = ids.as_deref_mut() {
                     r.entries += u32::from(made);
                     r.own = Some((i as u32, blk));
