@@ -1,7 +1,9 @@
 //! Step-time probe for the decode workload of `benches/engine.rs`, with the request count as
 //! a knob: `cargo run --release -p cachet-engine --example steptime -- [on|off|full] [N]`
 //! (`full`: with every piece of cache insight). Prints the
-//! min / median / max of 20 rounds of 400 steps (replacing finished requests is included).
+//! min / median / max of 20 rounds of 400 steps (replacing finished requests is included), and
+//! with reporting on the blocks filled per step (each a block boundary of one request; what
+//! `scripts/insight-instructions.py` divides by).
 use std::time::Instant;
 
 use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with, insight_without};
@@ -47,4 +49,11 @@ fn main() {
         rounds[rounds.len() / 2],
         rounds[rounds.len() - 1]
     );
+    if let Some(r) = core.recorder() {
+        println!(
+            "blocks filled per step: {:.2} ({} steps)",
+            r.totals().blocks_filled as f64 / (25.0 * 400.0),
+            25 * 400
+        );
+    }
 }
