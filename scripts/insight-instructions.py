@@ -71,7 +71,7 @@ def added(binary: str, decodes: int, top: int, tmp: str) -> float:
           f"{per_block:,.0f} per block filled ({filled:.1f} filled a step)")
     names = set(on[3]) | set(full[3])
     deltas = sorted(((full[3].get(k, 0) - on[3].get(k, 0)) / steps, k) for k in names)
-    for d, k in reversed(deltas[-top:]):
+    for d, k in reversed(deltas[len(deltas) - top:] if top > 0 else []):
         print(f"  {d:+10,.0f} a step  {k}")
     return per_block
 
