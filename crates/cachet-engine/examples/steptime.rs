@@ -9,6 +9,11 @@ use std::time::Instant;
 use cachet_engine::sim::{add_decode_workload_request, decode_workload_core_with, insight_without};
 use cachet_engine::InsightConfig;
 
+/// Rounds of steps, the first few of which warm up and are not timed.
+const ROUNDS: usize = 25;
+const WARM_ROUNDS: usize = 5;
+const STEPS: usize = 400;
+
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_default();
     let telemetry = mode != "off";
@@ -26,9 +31,9 @@ fn main() {
     let mut next = n;
     let mut t = 0.0;
     let mut rounds = Vec::new();
-    for round in 0..25 {
+    for round in 0..ROUNDS {
         let start = Instant::now();
-        for _ in 0..400 {
+        for _ in 0..STEPS {
             t += 0.001;
             let tt = t;
             let outs = core.step(|| tt).expect("step");
@@ -38,8 +43,8 @@ fn main() {
                 next += 1;
             }
         }
-        if round >= 5 {
-            rounds.push(start.elapsed().as_secs_f64() / 400.0 * 1e6);
+        if round >= WARM_ROUNDS {
+            rounds.push(start.elapsed().as_secs_f64() / STEPS as f64 * 1e6);
         }
     }
     rounds.sort_by(|a, b| a.total_cmp(b));
@@ -52,8 +57,8 @@ fn main() {
     if let Some(r) = core.recorder() {
         println!(
             "blocks filled per step: {:.2} ({} steps)",
-            r.totals().blocks_filled as f64 / (25.0 * 400.0),
-            25 * 400
+            r.totals().blocks_filled as f64 / (ROUNDS * STEPS) as f64,
+            ROUNDS * STEPS
         );
     }
 }
