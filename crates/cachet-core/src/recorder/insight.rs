@@ -142,9 +142,12 @@ pub(crate) struct LookupInsight {
 pub(crate) struct Insight {
     cfg: InsightConfig,
     block_size: usize,
-    /// Built at the first effect that shows the pool.
+    /// Built at the first effect that shows the pool (`built`); the shadow set only when it
+    /// holds something (`--eviction-shadow-blocks` above 0: with none, its larger pools hold
+    /// nothing either, and keeping their books would be work for no number).
     shadow: Option<Shadow>,
     index: Option<BlockIndex>,
+    built: bool,
     tenants: Option<Tenants>,
     history: VecDeque<Kept>,
     recent: VecDeque<RecentRequest>,
@@ -164,6 +167,7 @@ impl Insight {
             block_size,
             shadow: None,
             index: None,
+            built: false,
             tenants: cfg.max_tenant_labels.map(Tenants::new),
             history: VecDeque::new(),
             recent: VecDeque::new(),
@@ -233,10 +237,13 @@ impl Insight {
     }
 
     fn ensure(&mut self, pool: &BlockPool) {
-        if self.shadow.is_none() {
+        if !self.built {
+            self.built = true;
             let c = pool.num_blocks();
             let cap = self.cfg.shadow_blocks.unwrap_or(DEFAULT_SHADOW_POOLS * c);
-            self.shadow = Some(Shadow::new(c, cap));
+            if cap > 0 {
+                self.shadow = Some(Shadow::new(c, cap));
+            }
             if self.cfg.block_index {
                 self.index = Some(BlockIndex::new(c, self.block_size));
             }

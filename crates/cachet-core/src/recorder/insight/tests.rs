@@ -308,3 +308,28 @@ fn a_long_lifecycle_keeps_its_first_events_and_counts_the_rest() {
         .iter()
         .any(|e| e.event == BlockEventKind::Evicted && e.owner.as_deref() == Some("fill")));
 }
+
+/// With no room for evicted hashes (`--eviction-shadow-blocks 0`) there is no shadow set at
+/// all: its larger pools would hold nothing either, and keeping their books at every
+/// allocation would be work for no number. Miss reasons still come: an evicted block counts
+/// as `never_cached`.
+#[test]
+fn no_shadow_set_is_kept_when_it_may_hold_nothing() {
+    let pool = crate::block_pool::BlockPool::new(8);
+    for (cfg, kept) in [
+        (InsightConfig::off(), false),
+        (
+            InsightConfig {
+                shadow_blocks: Some(0),
+                ..InsightConfig::full()
+            },
+            false,
+        ),
+        (InsightConfig::full(), true),
+    ] {
+        let mut ins = Insight::new(cfg, 4);
+        ins.ensure(&pool);
+        assert_eq!(ins.shadow.is_some(), kept, "{cfg:?}");
+        assert_eq!(ins.index.is_some(), cfg.block_index, "{cfg:?}");
+    }
+}
