@@ -528,6 +528,10 @@ impl Insight {
             self.flush();
         }
         let life = slot.filter(|&s| self.live.get(s as usize).is_some_and(|l| l.chain.on));
+        if life.is_none() && self.index.is_none() && self.shadow.is_none() {
+            // Nothing here keeps anything of an allocation (reporting without the insight).
+            return;
+        }
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
         let new = &blocks[first_new..];
         // A decode block's allocation that evicted one entry for it: one record (when both
