@@ -236,17 +236,24 @@ impl Insight {
         self.cfg.request_history > 0 || self.cfg.block_index
     }
 
+    #[inline]
     fn ensure(&mut self, pool: &BlockPool) {
         if !self.built {
-            self.built = true;
-            let c = pool.num_blocks();
-            let cap = self.cfg.shadow_blocks.unwrap_or(DEFAULT_SHADOW_POOLS * c);
-            if cap > 0 {
-                self.shadow = Some(Shadow::new(c, cap));
-            }
-            if self.cfg.block_index {
-                self.index = Some(BlockIndex::new(c, self.block_size));
-            }
+            self.build(pool);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn build(&mut self, pool: &BlockPool) {
+        self.built = true;
+        let c = pool.num_blocks();
+        let cap = self.cfg.shadow_blocks.unwrap_or(DEFAULT_SHADOW_POOLS * c);
+        if cap > 0 {
+            self.shadow = Some(Shadow::new(c, cap));
+        }
+        if self.cfg.block_index {
+            self.index = Some(BlockIndex::new(c, self.block_size));
         }
     }
 
@@ -534,6 +541,17 @@ impl Insight {
         }
         let first_new = blocks.len().saturating_sub(kv.allocated as usize);
         let new = &blocks[first_new..];
+        // A decode block's allocation: one block, which evicted at most the entry it held
+        // (when both events fit the lifecycle).
+        if let ([blk], ev @ ([] | [_])) = (new, &kv.evicted[..]) {
+            let ev = ev.first();
+            if ev.is_none_or(|e| e.block == *blk)
+                && life.is_none_or(|s| self.live[s as usize].chain.count() + 2 <= MAX_BLOCK_EVENTS)
+            {
+                self.allocated_one(life, first_new as u32, *blk, ev);
+                return;
+            }
+        }
         // A decode block's allocation that evicted one entry for it: one record (when both
         // events fit the lifecycle).
         let merged = new.len() == 1
@@ -609,6 +627,36 @@ impl Insight {
                     Rec::new(BlockEventKind::Allocated, Some(j as u32), Some(blk), None),
                 );
             }
+        }
+    }
+
+    /// [`Insight::allocated`] of one block at `index` of the request's table, which evicted
+    /// the entry `ev` it held, if any (its lifecycle, if kept, has room for two events).
+    #[inline]
+    fn allocated_one(
+        &mut self,
+        life: Option<u32>,
+        index: u32,
+        blk: BlockId,
+        ev: Option<&crate::block_pool::Evicted>,
+    ) {
+        // Its creator's hold passes to the record that names it, else is released.
+        let owner = match (ev, self.index.as_mut()) {
+            (Some(e), Some(ix)) => ix.evicted(e.block),
+            _ => None,
+        };
+        let kept = life.is_some_and(|s| {
+            let r = match ev {
+                Some(e) => Rec::evicted_for(index, blk, wire_hash(&e.hash), owner.unwrap_or(NONE)),
+                None => Rec::new(BlockEventKind::Allocated, Some(index), Some(blk), None),
+            };
+            self.record(s, r)
+        });
+        if let (Some(o), false, Some(ix)) = (owner, kept, self.index.as_mut()) {
+            ix.creators.release(o);
+        }
+        if let Some(sh) = self.shadow.as_mut() {
+            sh.take_one(ev.map(|e| &e.hash));
         }
     }
 

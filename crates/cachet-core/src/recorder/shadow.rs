@@ -29,8 +29,6 @@
 //! in order at the next lookup (one batch, its buckets prefetched), so the misses of a step's
 //! evictions overlap, and an entry that ages out before any lookup never reaches it.
 
-use std::collections::VecDeque;
-
 use super::prefetch;
 use crate::hash::BlockHash;
 
@@ -106,18 +104,24 @@ impl Ghost {
 
 #[derive(Debug)]
 pub(crate) struct Shadow {
-    /// Entries by sequence number: `keys[i]` and `flags[i]` have number `base + i`.
-    keys: VecDeque<u64>,
-    flags: VecDeque<u8>,
+    /// Entries by sequence number, a ring: entry `seq` (`base <= seq < head`) is at
+    /// `keys[seq & mask]` and `flags[seq & mask]`; both a power of two long (or empty), grown
+    /// when full. (Dropping the oldest entries is moving `base`: no work per entry.)
+    keys: Vec<u64>,
+    flags: Vec<u8>,
+    mask: usize,
     base: u64,
+    head: u64,
     /// Entries from this sequence number on are not in the table yet.
     pending: u64,
+    /// The table was last swept of stale slots (or built) at this sequence number.
+    swept: u64,
     /// Latest sequence number of each key in `entries`, with lazy expiry.
     table: Vec<Bucket>,
     /// Most entries kept (`--eviction-shadow-blocks`).
     cap: usize,
     ghosts: [Ghost; 2],
-    /// `SWEEP_EVERY` (tests sweep more often).
+    /// `SWEEP_EVERY` (tests sweep more often; a power of two).
     sweep_every: u64,
 }
 
@@ -127,10 +131,13 @@ impl Shadow {
         let cap = cap.min(MAX_CAP);
         let ghost = |k: usize| Ghost::new(((k - 1) * num_blocks).min(cap), 0);
         Shadow {
-            keys: VecDeque::new(),
-            flags: VecDeque::new(),
+            keys: Vec::new(),
+            flags: Vec::new(),
+            mask: 0,
             base: 0,
+            head: 0,
             pending: 0,
+            swept: 0,
             // Grown with the window (rebuilt from the ring, doubling).
             table: vec![BUCKET; 1],
             cap,
@@ -144,8 +151,15 @@ impl Shadow {
         (2 * n).div_ceil(SLOTS).next_power_of_two().max(1)
     }
 
+    #[inline]
     fn next(&self) -> u64 {
-        self.base + self.keys.len() as u64
+        self.head
+    }
+
+    /// Entries in the window.
+    #[inline]
+    fn window(&self) -> usize {
+        (self.head - self.base) as usize
     }
 
     /// The sequence number a slot holds, when it is in the window.
@@ -156,16 +170,15 @@ impl Shadow {
         (d >= 1 && d <= next - self.base).then(|| next - d)
     }
 
+    #[inline]
     fn flags_at(&self, seq: u64) -> Option<u8> {
-        self.flags
-            .get(seq.checked_sub(self.base)? as usize)
-            .copied()
+        (seq >= self.base && seq < self.head).then(|| self.flags[seq as usize & self.mask])
     }
 
     /// The key of entry `seq`, if it is in the window and has one.
+    #[inline]
     fn key_at(&self, seq: u64) -> Option<u64> {
-        let i = seq.checked_sub(self.base)? as usize;
-        (self.flags.get(i)? & HAS_KEY != 0).then(|| self.keys[i])
+        (self.flags_at(seq)? & HAS_KEY != 0).then(|| self.keys[seq as usize & self.mask])
     }
 
     fn is_of(&self, seq: u64, k: u64) -> bool {
@@ -175,6 +188,7 @@ impl Shadow {
     /// Put the pending entries in the table, in order, their buckets prefetched a few ahead.
     fn flush(&mut self) {
         const AHEAD: u64 = 8;
+        self.maintain();
         let next = self.next();
         let from = self.pending.max(self.base);
         self.pending = next;
@@ -278,13 +292,25 @@ impl Shadow {
     }
 
     /// Room for the window, and no stale 32-bit sequence number: rebuilt from the ring when
-    /// the window outgrew the table, swept every `SWEEP_EVERY` entries.
+    /// the window outgrew the table, swept every `SWEEP_EVERY` entries. (Before the table is
+    /// used, and at every trim: a sweep is never more than one allocation late.)
+    #[inline]
     fn maintain(&mut self) {
-        let window = self.keys.len();
+        if self.window() * 2 > self.table.len() * SLOTS
+            || self.next() - self.swept >= self.sweep_every
+        {
+            self.rebuild_or_sweep();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn rebuild_or_sweep(&mut self) {
+        let window = self.window();
         if window * 2 > self.table.len() * SLOTS {
             self.table = vec![BUCKET; Self::buckets_for(window)];
             self.pending = self.base;
-        } else if self.next().is_multiple_of(self.sweep_every) {
+        } else {
             for b in 0..self.table.len() {
                 for i in 0..SLOTS {
                     if self.in_window(self.table[b].seqs[i]).is_none() {
@@ -296,6 +322,7 @@ impl Shadow {
                 }
             }
         }
+        self.swept = self.next();
     }
 
     /// Whether `h` was evicted within the last `cap` blocks taken.
@@ -322,8 +349,8 @@ impl Shadow {
         if seq < self.ghosts[g].front {
             return;
         }
-        let i = (seq - self.base) as usize;
-        if let Some(f) = self.flags.get_mut(i) {
+        if seq < self.head {
+            let f = &mut self.flags[seq as usize & self.mask];
             if *f & (TAKEN << g) == 0 {
                 *f |= TAKEN << g;
                 self.ghosts[g].live -= 1;
@@ -341,6 +368,12 @@ impl Shadow {
         }
     }
 
+    /// [`Shadow::take_blocks`] of one block.
+    #[inline]
+    pub(crate) fn take_one(&mut self, evicted: Option<&BlockHash>) {
+        self.push(evicted.map(key));
+    }
+
     /// Tests: `evicted` entries first, then blocks with none, `taken` in all.
     #[cfg(test)]
     fn taken(&mut self, evicted: impl Iterator<Item = BlockHash>, taken: usize) {
@@ -349,55 +382,72 @@ impl Shadow {
         self.take_blocks(ev.into_iter().chain((n..taken).map(|_| None)));
     }
 
+    #[inline]
     fn push(&mut self, k: Option<u64>) {
-        self.keys.push_back(k.unwrap_or(0));
-        self.flags.push_back(if k.is_some() { HAS_KEY } else { 0 });
-        self.maintain();
+        if self.window() == self.keys.len() {
+            self.grow();
+        }
+        let i = self.head as usize & self.mask;
+        self.keys[i] = k.unwrap_or(0);
+        self.flags[i] = if k.is_some() { HAS_KEY } else { 0 };
+        self.head += 1;
         for g in &mut self.ghosts {
             g.live += 1;
         }
     }
 
+    /// Twice the ring (at least 16 entries), the window where it was by sequence number.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        let n = (2 * self.keys.len()).max(16);
+        let mut keys = vec![0; n];
+        let mut flags = vec![0; n];
+        for seq in self.base..self.head {
+            keys[seq as usize & (n - 1)] = self.keys[seq as usize & self.mask];
+            flags[seq as usize & (n - 1)] = self.flags[seq as usize & self.mask];
+        }
+        self.keys = keys;
+        self.flags = flags;
+        self.mask = n - 1;
+    }
+
+    /// The larger pools' victim regions back to length, and the window to `cap` entries.
     pub(crate) fn trim(&mut self) {
-        let next = self.next();
-        for gi in 0..self.ghosts.len() {
-            loop {
-                let g = &self.ghosts[gi];
-                // The region spans at most `cap` entries even when hits thinned it out.
-                let over_span = g.front < next && (next - g.front) as usize > self.cap;
-                if !over_span {
-                    if g.live <= g.cap {
-                        break;
-                    }
-                    if g.virgin > 0 {
-                        let g = &mut self.ghosts[gi];
-                        g.virgin -= 1;
-                        g.live -= 1;
-                        continue;
-                    }
-                    if g.front >= next {
-                        break;
-                    }
-                }
-                let taken = self
-                    .flags_at(g.front)
-                    .is_some_and(|f| f & (TAKEN << gi) != 0);
-                let g = &mut self.ghosts[gi];
-                if !taken {
+        let (next, base, mask) = (self.head, self.base, self.mask);
+        let flags = &self.flags;
+        // The region spans at most `cap` entries even when hits thinned it out.
+        let lo = next.saturating_sub(self.cap as u64);
+        for (gi, g) in self.ghosts.iter_mut().enumerate() {
+            let taken = |seq: u64| {
+                seq >= base && seq < next && flags[seq as usize & mask] & (TAKEN << gi) != 0
+            };
+            while g.front < lo {
+                if !taken(g.front) {
                     g.live -= 1;
                 }
                 g.front += 1;
             }
+            while g.live > g.cap {
+                if g.virgin > 0 {
+                    g.virgin -= 1;
+                    g.live -= 1;
+                } else if g.front >= next {
+                    break;
+                } else {
+                    if !taken(g.front) {
+                        g.live -= 1;
+                    }
+                    g.front += 1;
+                }
+            }
         }
         // `contains` remembers the last `cap` entries; no region reaches further back. What
         // ages out of the ring leaves the table by itself.
-        let lo = next.saturating_sub(self.cap as u64);
         if self.base < lo {
-            let n = ((lo - self.base) as usize).min(self.keys.len());
-            self.keys.drain(..n);
-            self.flags.drain(..n);
-            self.base += n as u64;
+            self.base = lo;
         }
+        self.maintain();
     }
 
     /// The cache was reset, dropping the entries `dropped` (in free-queue order): they are
@@ -507,7 +557,7 @@ mod tests {
             s.ghost_take(0, &x);
             s.ghost_take(1, &x);
             s.trim();
-            assert!(s.keys.len() <= 8, "{}", s.keys.len());
+            assert!(s.window() <= 8, "{}", s.window());
             assert!(s.keys_held() <= 8);
         }
     }
@@ -543,7 +593,9 @@ mod tests {
         ] {
             let mut s = Shadow::new(4, cap);
             s.base = start;
+            s.head = start;
             s.pending = start;
+            s.swept = start;
             for g in &mut s.ghosts {
                 g.front = start;
             }
