@@ -476,7 +476,15 @@ impl BlockIndex {
             depth,
         };
         let t = self.tokens_at(i);
-        self.tokens[t..t + self.b].copy_from_slice(tokens);
+        let to = &mut self.tokens[t..t + self.b];
+        // (A block of 16 tokens, the default, is copied as one: no call.)
+        match (
+            <&mut [TokenId; 16]>::try_from(&mut *to),
+            <&[TokenId; 16]>::try_from(tokens),
+        ) {
+            (Ok(d), Ok(s)) => *d = *s,
+            _ => to.copy_from_slice(tokens),
+        }
         if !orphan {
             if head != NONE {
                 self.slots[head as usize].n.prev = block;

@@ -65,7 +65,11 @@ impl IndexQueue {
         now: f64,
         hold: bool,
     ) {
-        self.tokens.extend_from_slice(tokens);
+        // (A block of 16 tokens, the default, is copied as one: no call.)
+        match <&[crate::TokenId; 16]>::try_from(tokens) {
+            Ok(a) => self.tokens.extend_from_slice(a),
+            Err(_) => self.tokens.extend_from_slice(tokens),
+        }
         self.pending.push(Pending {
             wire,
             root_key,

@@ -131,6 +131,37 @@ pub(crate) fn root_key(cache_salt: Option<&str>, adapter: Option<&str>, tenant: 
     u64::from_le_bytes(w) | 1
 }
 
+/// The parent entry of a new entry at `i` of a request's block table (`ids`: the request's,
+/// when it lives): usually the request's own block before it; a block the request recomputed
+/// while the entry lived elsewhere is found by hash. `NONE` at depth 0; without one found, the
+/// new entry is an orphan (`NONE` too: a sentinel id no block has). (The pool's view: the
+/// index, once what is queued is applied, agrees.)
+#[inline]
+fn parent_of(
+    ids: Option<&Ids>,
+    pool: &BlockPool,
+    blocks: &[BlockId],
+    hashes: &[BlockHash],
+    i: usize,
+) -> BlockId {
+    let Some(p) = i.checked_sub(1) else {
+        return NONE;
+    };
+    match (blocks.get(p), hashes.get(p)) {
+        (Some(&pb), Some(_ph)) if ids.is_some_and(|r| r.own == Some((p as u32, pb))) => {
+            #[cfg(test)]
+            {
+                assert_eq!(pool.block_hash(pb).as_ref(), Some(_ph), "own entry");
+                tests::OWN_PARENTS.with(|n| n.set(n.get() + 1));
+            }
+            pb
+        }
+        (Some(&pb), Some(ph)) if pool.block_hash(pb).as_ref() == Some(ph) => pb,
+        (_, Some(ph)) => pool.lookup(ph).unwrap_or(NONE),
+        _ => NONE,
+    }
+}
+
 /// What the insight adds up (counters go to the recorder's totals).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct LookupInsight {
@@ -188,7 +219,7 @@ impl Insight {
 
     /// Record `rec` in the lifecycle of the request in `slot`; false when it keeps none, or
     /// has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as dropped).
-    #[inline]
+    #[inline(always)]
     fn record(&mut self, slot: u32, rec: Rec) -> bool {
         let i = slot as usize;
         match self.live.get_mut(i).map(|l| &mut l.chain) {
@@ -504,6 +535,7 @@ impl Insight {
     }
 
     /// The end of an effect that took blocks: the larger pools' victim regions back to length.
+    #[inline]
     pub(crate) fn trim(&mut self) {
         if let Some(sh) = self.shadow.as_mut() {
             sh.trim();
@@ -673,6 +705,86 @@ impl Insight {
         blocks: &[BlockId],
         now: f64,
     ) {
+        // A decode step's fill: one block, the request's newest, a new entry or not.
+        let one = match (slot, kv.filled, &kv.created[..]) {
+            (Some(s), 1, created @ ([] | [_])) if (s as usize) < self.live.len() => {
+                let j = (kv.committed_until / self.block_size).wrapping_sub(1);
+                match (blocks.get(j), hashes.get(j)) {
+                    (Some(&blk), Some(h)) if created.iter().all(|&c| c as usize == j) => {
+                        Some((s, j, blk, h, !created.is_empty()))
+                    }
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match one {
+            Some((s, j, blk, h, created)) => self.filled_one(
+                s, label, pool, j, blk, h, created, hashes, tokens, blocks, now,
+            ),
+            None => self.filled_any(slot, label, pool, kv, hashes, tokens, blocks, now),
+        }
+        #[cfg(test)]
+        if tests::IMMEDIATE.with(|c| c.get()) {
+            self.flush();
+        }
+    }
+
+    /// [`Insight::filled`] of the block at `j` (`blk`, hash `h`) alone, for the live request
+    /// in `slot` (`created`: it became a new entry).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn filled_one(
+        &mut self,
+        slot: u32,
+        label: &Arc<str>,
+        pool: &BlockPool,
+        j: usize,
+        blk: BlockId,
+        h: &BlockHash,
+        created: bool,
+        hashes: &[BlockHash],
+        tokens: &[TokenId],
+        blocks: &[BlockId],
+        now: f64,
+    ) {
+        let b = self.block_size;
+        let wire = wire_hash(h);
+        if let (true, Some(ix), Some(toks)) =
+            (created, self.index.as_mut(), tokens.get(j * b..(j + 1) * b))
+        {
+            let r = &mut self.live[slot as usize].ids;
+            if r.creator == NONE {
+                r.creator = ix.creators.acquire_live(label);
+            }
+            let parent = parent_of(Some(r), pool, blocks, hashes, j);
+            let made = ix.takes(blk, b);
+            if made {
+                self.pending.push_create(
+                    blk, wire, j as u32, parent, toks, r.root_key, r.creator, now, false,
+                );
+            }
+            r.entries += u32::from(made);
+            r.own = Some((j as u32, blk));
+        }
+        if self.cfg.request_history > 0 {
+            self.record(slot, Rec::filled(j as u32, Some(blk), Some(wire), created));
+        }
+    }
+
+    /// [`Insight::filled`], any blocks.
+    #[allow(clippy::too_many_arguments)]
+    fn filled_any(
+        &mut self,
+        slot: Option<u32>,
+        label: &Arc<str>,
+        pool: &BlockPool,
+        kv: &crate::kv_manager::KvEffects,
+        hashes: &[BlockHash],
+        tokens: &[TokenId],
+        blocks: &[BlockId],
+        now: f64,
+    ) {
         let b = self.block_size;
         // What the new entries need of the request is in its dense `Ids`.
         let ids = slot.and_then(|s| self.live.get_mut(s as usize).map(|l| &mut l.ids));
@@ -697,36 +809,14 @@ impl Insight {
                 else {
                     continue;
                 };
-                // The parent's entry: usually the request's own block before it; a block the
-                // request recomputed while the entry lived elsewhere is found by hash. Without
-                // one the new entry is an orphan (a sentinel id no block has).
-                // (The pool's view: the index, once what is queued is applied, agrees.)
-                let parent = i
-                    .checked_sub(1)
-                    .map(|p| match (blocks.get(p), hashes.get(p)) {
-                        (Some(&pb), Some(_ph))
-                            if ids
-                                .as_deref()
-                                .is_some_and(|r| r.own == Some((p as u32, pb))) =>
-                        {
-                            #[cfg(test)]
-                            {
-                                assert_eq!(pool.block_hash(pb).as_ref(), Some(_ph), "own entry");
-                                tests::OWN_PARENTS.with(|n| n.set(n.get() + 1));
-                            }
-                            pb
-                        }
-                        (Some(&pb), Some(ph)) if pool.block_hash(pb).as_ref() == Some(ph) => pb,
-                        (_, Some(ph)) => pool.lookup(ph).unwrap_or(BlockId::MAX),
-                        _ => BlockId::MAX,
-                    });
+                let parent = parent_of(ids.as_deref(), pool, blocks, hashes, i);
                 let made = ix.takes(blk, toks.len());
                 if made {
                     self.pending.push_create(
                         blk,
                         wire_hash(&h),
                         i as u32,
-                        parent.unwrap_or(NONE),
+                        parent,
                         toks,
                         root_key,
                         creator,
@@ -758,10 +848,6 @@ impl Insight {
                     ),
                 );
             }
-        }
-        #[cfg(test)]
-        if tests::IMMEDIATE.with(|c| c.get()) {
-            self.flush();
         }
     }
 

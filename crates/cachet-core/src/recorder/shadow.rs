@@ -413,6 +413,7 @@ impl Shadow {
     }
 
     /// The larger pools' victim regions back to length, and the window to `cap` entries.
+    #[inline(always)]
     pub(crate) fn trim(&mut self) {
         let (next, base, mask) = (self.head, self.base, self.mask);
         let flags = &self.flags;

@@ -12,6 +12,9 @@ pub(super) struct Tenants {
     index: HashMap<Arc<str>, usize>,
     list: Vec<TenantTotals>,
     other: Option<usize>,
+    /// The tenant looked up last and its index: consecutive requests are mostly one
+    /// tenant's, and comparing a short name costs less than hashing it.
+    last: Option<(Arc<str>, usize)>,
 }
 
 impl Tenants {
@@ -22,10 +25,22 @@ impl Tenants {
             index: HashMap::new(),
             list: Vec::new(),
             other: None,
+            last: None,
         }
     }
 
     pub(super) fn index_of(&mut self, t: &Arc<str>) -> usize {
+        if let Some((l, i)) = &self.last {
+            if Arc::ptr_eq(l, t) || **l == **t {
+                return *i;
+            }
+        }
+        let i = self.find_or_add(t);
+        self.last = Some((t.clone(), i));
+        i
+    }
+
+    fn find_or_add(&mut self, t: &Arc<str>) -> usize {
         if let Some(&i) = self.index.get(t) {
             return i;
         }
