@@ -30,15 +30,14 @@ use crate::{BlockId, TokenId};
 /// No block, no creator.
 pub(crate) const NONE: u32 = u32::MAX;
 
-/// The slot is in the index's structure: a live entry, or a dropped one not detached yet.
-const OCCUPIED: u32 = 1;
-const LINKED: u32 = 2;
-
-/// What the step reads and writes of an entry.
+/// An entry's place among its siblings and its children's head: what the step reads and
+/// writes of it, 16 bytes in a dense array, so that an entry's links and its neighbours' share
+/// lines with other entries' and stay in the core's caches far longer than a line per entry
+/// would. (Whether the slot is in the index's structure, and in a sibling list, are bits
+/// beside it: [`BlockIndex::occupied`], [`BlockIndex::linked`].)
 #[derive(Clone, Copy, Debug)]
+#[repr(C, align(16))]
 struct Node {
-    /// The entry's hash as KV events carry it (64 bits of a cryptographic hash).
-    hash: u64,
     /// Parent block id; `NONE` for a root block (depth 0) or an orphan (its parent's entry is
     /// gone).
     parent: u32,
@@ -46,31 +45,24 @@ struct Node {
     prev: u32,
     /// The head of its children's list (most recently used first).
     first_child: u32,
-    /// `OCCUPIED`, and `LINKED`: in a sibling list (a root's list, or its parent's children).
-    flags: u32,
 }
 
 const EMPTY: Node = Node {
-    hash: 0,
     parent: NONE,
     next: NONE,
     prev: NONE,
     first_child: NONE,
-    flags: 0,
 };
 
-impl Node {
-    fn occupied(&self) -> bool {
-        self.flags & OCCUPIED != 0
-    }
-    fn linked(&self) -> bool {
-        self.flags & LINKED != 0
-    }
-}
+const _: () = assert!(std::mem::size_of::<Node>() == 16);
 
-/// What only queries read of an entry.
+/// What only queries read of an entry (and a hit updates), one line, written whole past the
+/// caches when the entry is created: the step never reads it.
 #[derive(Clone, Copy, Debug)]
-struct Cold {
+#[repr(C, align(64))]
+struct Entry {
+    /// The entry's hash as KV events carry it (64 bits of a cryptographic hash).
+    hash: u64,
     created: f64,
     /// NaN: never found.
     last_hit: f64,
@@ -81,7 +73,8 @@ struct Cold {
     depth: u32,
 }
 
-const COLD: Cold = Cold {
+const BLANK: Entry = Entry {
+    hash: 0,
     created: 0.0,
     last_hit: f64::NAN,
     root_key: 0,
@@ -89,16 +82,7 @@ const COLD: Cold = Cold {
     depth: 0,
 };
 
-/// An entry in one cache line: what the step touches, then what only queries read (written
-/// with the rest at creation, so a new entry costs one line and its tokens).
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-struct Slot {
-    n: Node,
-    c: Cold,
-}
-
-const _: () = assert!(std::mem::size_of::<Slot>() == 64);
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 /// Labels of the requests that created entries (or that a kept lifecycle names as an evicted
 /// entry's owner), by id, each with a count of its holders: the live request itself, each
@@ -222,15 +206,22 @@ pub(crate) struct Sibling {
 #[derive(Debug, Default)]
 pub(crate) struct BlockIndex {
     b: usize,
-    slots: Vec<Slot>,
-    /// Bit `i`: block `i` holds a live entry. A slot that is `OCCUPIED` without it holds a
+    nodes: Vec<Node>,
+    entries: Vec<Entry>,
+    /// Bit `i`: block `i` holds a live entry. A slot that is occupied without it holds a
     /// dropped entry not detached yet.
     cached: Vec<u64>,
+    /// Bit `i`: slot `i` is in the index's structure (a live entry, or a dropped one not
+    /// detached yet).
+    occupied: Vec<u64>,
+    /// Bit `i`: slot `i` is in a sibling list (a root's list, or its parent's children).
+    linked: Vec<u64>,
     /// Block `i`'s entry's creator, an id in [`BlockIndex::creators`] held by the entry
     /// (`NONE`: no live entry); dense, so that dropping an entry reads no line of its slot.
     owner: Vec<u32>,
     /// Entries' tokens, block `i`'s at `tok0 + i·B`: `tok0` puts them on a 64-byte boundary, so
-    /// that a 16-token block is one line (written whole at creation), not parts of two.
+    /// that a 16-token block is one line (written whole at creation, past the caches), not
+    /// parts of two.
     tokens: Vec<TokenId>,
     tok0: usize,
     root_first: u32,
@@ -244,8 +235,11 @@ impl BlockIndex {
         let tok0 = tokens.as_ptr().align_offset(64).min(LINE);
         BlockIndex {
             b: block_size,
-            slots: vec![Slot { n: EMPTY, c: COLD }; num_blocks],
+            nodes: vec![EMPTY; num_blocks],
+            entries: vec![BLANK; num_blocks],
             cached: vec![0; num_blocks.div_ceil(64)],
+            occupied: vec![0; num_blocks.div_ceil(64)],
+            linked: vec![0; num_blocks.div_ceil(64)],
             owner: vec![NONE; num_blocks],
             tokens,
             tok0,
@@ -255,43 +249,37 @@ impl BlockIndex {
     }
 
     fn n(&self, block: BlockId) -> Option<&Node> {
-        self.slots.get(block as usize).map(|s| &s.n)
+        self.nodes.get(block as usize)
     }
 
     #[inline]
     fn is_cached(&self, i: usize) -> bool {
-        self.cached
-            .get(i / 64)
-            .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+        bit(&self.cached, i)
     }
 
     #[inline]
     fn set_cached(&mut self, i: usize, on: bool) {
-        if let Some(w) = self.cached.get_mut(i / 64) {
-            if on {
-                *w |= 1u64 << (i % 64);
-            } else {
-                *w &= !(1u64 << (i % 64));
-            }
-        }
+        set_bit(&mut self.cached, i, on);
     }
 
-    /// Start loading what creating an entry in `block` under `parent` (`NONE`: none) touches:
-    /// the entry's line, the parent's (its children's head) and the entry's tokens.
+    #[inline]
+    fn is_linked(&self, i: usize) -> bool {
+        bit(&self.linked, i)
+    }
+
+    /// Start loading what creating an entry in `block` under `parent` (`NONE`: none) reads:
+    /// the entry's links, its creator id and the parent's links (its children's head). (Its
+    /// line and tokens are written past the caches, never read.)
     #[inline]
     pub(crate) fn prefetch_create(&self, block: BlockId, parent: BlockId) {
-        if let Some(s) = self.slots.get(block as usize) {
+        if let Some(s) = self.nodes.get(block as usize) {
             super::prefetch(s);
         }
         if let Some(o) = self.owner.get(block as usize) {
             super::prefetch(o);
         }
-        if let Some(p) = self.slots.get(parent as usize) {
+        if let Some(p) = self.nodes.get(parent as usize) {
             super::prefetch(p);
-        }
-        // Its tokens, written (a block of 16 tokens is one line).
-        if let Some(t) = self.tokens.get(self.tokens_at(block as usize)) {
-            super::prefetch(t);
         }
     }
 
@@ -311,20 +299,21 @@ impl BlockIndex {
     /// Live entries that hold a creator id.
     #[cfg(test)]
     pub(crate) fn owned_entries(&self) -> usize {
-        (0..self.slots.len())
+        (0..self.nodes.len())
             .filter(|&i| self.is_cached(i) && self.owner[i] != NONE)
             .count()
     }
 
     /// Whether [`BlockIndex::create`] makes an entry in `block` from `ntokens` tokens.
     pub(crate) fn takes(&self, block: BlockId, ntokens: usize) -> bool {
-        (block as usize) < self.slots.len() && ntokens == self.b
+        (block as usize) < self.nodes.len() && ntokens == self.b
     }
 
     /// Whether `block` holds the entry `hash` as far as the index knows.
     #[cfg(test)]
     pub(crate) fn holds(&self, block: BlockId, hash: &BlockHash) -> bool {
-        self.is_cached(block as usize) && self.n(block).map(|m| m.hash) == Some(wire_hash(hash))
+        self.is_cached(block as usize)
+            && self.entries.get(block as usize).map(|e| e.hash) == Some(wire_hash(hash))
     }
 
     /// The request that created the entry `block` holds.
@@ -339,7 +328,7 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first
         } else {
-            self.slots[parent as usize].n.first_child
+            self.nodes[parent as usize].first_child
         }
     }
 
@@ -347,32 +336,32 @@ impl BlockIndex {
         if parent == NONE {
             self.root_first = v;
         } else {
-            self.slots[parent as usize].n.first_child = v;
+            self.nodes[parent as usize].first_child = v;
         }
     }
 
     fn unlink(&mut self, i: u32) {
-        let m = &self.slots[i as usize].n;
-        if !m.linked() {
+        if !self.is_linked(i as usize) {
             return;
         }
+        let m = &self.nodes[i as usize];
         let (prev, next, parent) = (m.prev, m.next, m.parent);
         if prev == NONE {
             self.set_head(parent, next);
         } else {
-            self.slots[prev as usize].n.next = next;
+            self.nodes[prev as usize].next = next;
         }
         if next != NONE {
-            self.slots[next as usize].n.prev = prev;
+            self.nodes[next as usize].prev = prev;
         }
-        let m = &mut self.slots[i as usize].n;
-        m.flags &= !LINKED;
+        set_bit(&mut self.linked, i as usize, false);
+        let m = &mut self.nodes[i as usize];
         m.prev = NONE;
         m.next = NONE;
     }
 
     fn link_front(&mut self, i: u32) {
-        let parent = self.slots[i as usize].n.parent;
+        let parent = self.nodes[i as usize].parent;
         self.link_front_under(i, parent);
     }
 
@@ -381,12 +370,12 @@ impl BlockIndex {
     fn link_front_under(&mut self, i: u32, parent: u32) {
         let head = self.head(parent);
         if head != NONE {
-            self.slots[head as usize].n.prev = i;
+            self.nodes[head as usize].prev = i;
         }
-        let m = &mut self.slots[i as usize].n;
+        let m = &mut self.nodes[i as usize];
         m.next = head;
         m.prev = NONE;
-        m.flags |= LINKED;
+        set_bit(&mut self.linked, i as usize, true);
         self.set_head(parent, i);
     }
 
@@ -444,7 +433,7 @@ impl BlockIndex {
                 self.creators.release(owner);
             }
         }
-        if self.slots[i].n.occupied() {
+        if bit(&self.occupied, i) {
             self.detach(block);
         }
         let parent = if self.is_cached(parent as usize) {
@@ -460,34 +449,30 @@ impl BlockIndex {
         // Linked at the front of its siblings as it is written (no read-back of the line).
         let head = if orphan { NONE } else { self.head(parent) };
         self.set_cached(i, true);
-        self.slots[i].n = Node {
-            hash: wire,
+        set_bit(&mut self.occupied, i, true);
+        set_bit(&mut self.linked, i, !orphan);
+        self.nodes[i] = Node {
             parent,
             next: head,
             prev: NONE,
             first_child: NONE,
-            flags: if orphan { OCCUPIED } else { OCCUPIED | LINKED },
         };
-        self.slots[i].c = Cold {
-            created: now,
-            last_hit: f64::NAN,
-            root_key,
-            hits: 0,
-            depth,
-        };
+        super::stream(
+            &mut self.entries[i],
+            Entry {
+                hash: wire,
+                created: now,
+                last_hit: f64::NAN,
+                root_key,
+                hits: 0,
+                depth,
+            },
+        );
         let t = self.tokens_at(i);
-        let to = &mut self.tokens[t..t + self.b];
-        // (A block of 16 tokens, the default, is copied as one: no call.)
-        match (
-            <&mut [TokenId; 16]>::try_from(&mut *to),
-            <&[TokenId; 16]>::try_from(tokens),
-        ) {
-            (Ok(d), Ok(s)) => *d = *s,
-            _ => to.copy_from_slice(tokens),
-        }
+        super::stream_tokens(&mut self.tokens[t..t + self.b], tokens);
         if !orphan {
             if head != NONE {
-                self.slots[head as usize].n.prev = block;
+                self.nodes[head as usize].prev = block;
             }
             self.set_head(parent, block);
         }
@@ -500,11 +485,11 @@ impl BlockIndex {
         if !self.is_cached(i) {
             return;
         }
-        let Some(m) = self.slots.get(i).map(|s| &s.n) else {
+        if i >= self.nodes.len() {
             return;
-        };
-        let linked = m.linked();
-        let c = &mut self.slots[i].c;
+        }
+        let linked = self.is_linked(i);
+        let c = &mut self.entries[i];
         c.hits = c.hits.saturating_add(1);
         c.last_hit = now;
         if linked {
@@ -532,33 +517,36 @@ impl BlockIndex {
     fn detach(&mut self, block: BlockId) {
         let i = block as usize;
         self.unlink(block);
-        let mut c = self.slots[i].n.first_child;
+        let mut c = self.nodes[i].first_child;
         while c != NONE {
-            let m = &mut self.slots[c as usize].n;
+            let m = &mut self.nodes[c as usize];
             let next = m.next;
             m.parent = NONE;
-            m.flags &= !LINKED;
             m.prev = NONE;
             m.next = NONE;
+            set_bit(&mut self.linked, c as usize, false);
             c = next;
         }
         // What only queries read is left as it was: nothing reads it of an uncached block, and
         // the next entry here writes it anew.
-        self.slots[i].n = EMPTY;
+        self.nodes[i] = EMPTY;
+        set_bit(&mut self.occupied, i, false);
     }
 
     /// Every entry was dropped.
     pub(crate) fn reset(&mut self) {
-        for i in 0..self.slots.len() {
+        for i in 0..self.nodes.len() {
             let creator = self.owner[i];
             if self.is_cached(i) && creator != NONE {
                 self.creators.release(creator);
             }
             self.owner[i] = NONE;
-            self.slots[i].n = EMPTY;
-            self.slots[i].c = COLD;
+            self.nodes[i] = EMPTY;
+            self.entries[i] = BLANK;
         }
         self.cached.fill(0);
+        self.occupied.fill(0);
+        self.linked.fill(0);
         self.root_first = NONE;
     }
 
@@ -583,7 +571,7 @@ impl BlockIndex {
         };
         let (mut scanned, mut passed) = (0, 0);
         while c != NONE && scanned < MAX_SCAN {
-            let next = self.slots[c as usize].n.next;
+            let next = self.nodes[c as usize].next;
             if !self.is_cached(c as usize) {
                 passed += 1;
                 if passed > MAX_DROPPED {
@@ -593,7 +581,7 @@ impl BlockIndex {
                 continue;
             }
             scanned += 1;
-            if self.slots[c as usize].c.root_key == root_key {
+            if self.entries[c as usize].root_key == root_key {
                 let theirs = self.tokens(c);
                 if let Some(offset) = ours.iter().zip(theirs).position(|(a, b)| a != b) {
                     return Some(Sibling { block: c, offset });
@@ -621,29 +609,29 @@ impl BlockIndex {
     /// child), ties broken by depth. (The caller applies queued changes first.)
     pub(crate) fn hottest(&self, now: f64, n: usize) -> Vec<HotPrefix> {
         let mut out: Vec<(u64, u32, u32)> = Vec::new();
-        for (i, m) in self.slots.iter().map(|s| &s.n).enumerate() {
-            let hits = self.slots[i].c.hits;
+        for (i, m) in self.nodes.iter().enumerate() {
+            let hits = self.entries[i].hits;
             if !self.is_cached(i) || hits == 0 {
                 continue;
             }
             let mut c = m.first_child;
             let mut extended = false;
             while c != NONE {
-                if self.is_cached(c as usize) && self.slots[c as usize].c.hits >= hits {
+                if self.is_cached(c as usize) && self.entries[c as usize].hits >= hits {
                     extended = true;
                     break;
                 }
-                c = self.slots[c as usize].n.next;
+                c = self.nodes[c as usize].next;
             }
             if !extended {
-                out.push((u64::from(hits), self.slots[i].c.depth, i as u32));
+                out.push((u64::from(hits), self.entries[i].depth, i as u32));
             }
         }
         out.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
         out.truncate(n);
         out.into_iter()
             .map(|(hits, depth, i)| {
-                let (m, c) = (&self.slots[i as usize].n, &self.slots[i as usize].c);
+                let c = &self.entries[i as usize];
                 HotPrefix {
                     depth,
                     tokens: (depth as u64 + 1) * self.b as u64,
@@ -651,7 +639,7 @@ impl BlockIndex {
                     age_s: (now - c.created).max(0.0),
                     last_hit_s: (!c.last_hit.is_nan()).then(|| (now - c.last_hit).max(0.0)),
                     created_by: self.creators.label(self.owner[i as usize]),
-                    hash: m.hash,
+                    hash: c.hash,
                 }
             })
             .collect()
@@ -662,15 +650,32 @@ impl BlockIndex {
         let mut v = Vec::new();
         let mut c = match parent {
             None => self.root_first,
-            Some(p) => self.slots[p as usize].n.first_child,
+            Some(p) => self.nodes[p as usize].first_child,
         };
         while c != NONE {
             if self.is_cached(c as usize) {
                 v.push(c);
             }
-            c = self.slots[c as usize].n.next;
+            c = self.nodes[c as usize].next;
         }
         v
+    }
+}
+
+/// Bit `i` of a bitset.
+#[inline]
+fn bit(set: &[u64], i: usize) -> bool {
+    set.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+}
+
+#[inline]
+fn set_bit(set: &mut [u64], i: usize, on: bool) {
+    if let Some(w) = set.get_mut(i / 64) {
+        if on {
+            *w |= 1u64 << (i % 64);
+        } else {
+            *w &= !(1u64 << (i % 64));
+        }
     }
 }
 
@@ -731,7 +736,7 @@ mod tests {
         // The middle sibling is dropped: its line is not touched, it is still linked ...
         let owner = ix.evicted(2).unwrap();
         ix.creators.release(owner);
-        assert!(ix.slots[2].n.linked() && ix.slots[1].n.prev == 2);
+        assert!(ix.is_linked(2) && ix.nodes[1].prev == 2);
         // ... and passed over: ours [3, 6] is block 3's, so the next live sibling (1, not the
         // dropped 2 with [3, 5]) is where it diverges.
         assert_eq!(ix.siblings(Some(0)), vec![3, 1]);
@@ -750,14 +755,16 @@ mod tests {
         assert!(ix.holds(1, &h(1)) && ix.holds(3, &h(3)));
         // Block 2 becomes a root: detached from 0's children first.
         ix.created(2, h(4), 0, None, &[7, 8], 0, a, 3.0);
-        assert_eq!(ix.slots[1].n.prev, 3);
+        assert_eq!(ix.nodes[1].prev, 3);
         assert_eq!(ix.siblings(None), vec![2]);
         // Block 0 becomes a new root: the old entry's children are orphans (not linked, no
         // parent), the new one has none.
         ix.created(0, h(5), 0, None, &[1, 9], 0, a, 4.0);
         for c in [1, 3] {
-            let n = &ix.slots[c].n;
-            assert!(!n.linked() && n.parent == NONE, "block {c}");
+            assert!(
+                !ix.is_linked(c) && ix.nodes[c].parent == NONE,
+                "block {c}"
+            );
         }
         assert!(ix.siblings(Some(0)).is_empty());
         assert_eq!(ix.siblings(None), vec![0, 2]);

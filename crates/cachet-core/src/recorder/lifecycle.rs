@@ -318,7 +318,7 @@ impl LifeLog {
         if rec.owner != NONE {
             self.owners.push_back((p, rec.owner));
         }
-        store(&mut self.ring[i], rec);
+        super::stream(&mut self.ring[i], rec);
         self.head += 1;
         if chain.first == NO {
             chain.first = p;
@@ -530,28 +530,6 @@ fn blank(n: usize) -> Vec<Rec> {
     vec![Rec::new(BlockEventKind::Hit, None, None, None); n]
 }
 
-/// Write `rec` to `to` past the caches: the step never reads a record back (the inspector
-/// does, rarely), and the ring's lines were last written a lap ago, so a plain store would read
-/// each line in first and leave it in the core's caches in place of what the step reads again.
-/// (Measured against plain stores: see docs/benchmarks.md, the insight's cost, 2026-12-06.)
-#[inline(always)]
-fn store(to: &mut Rec, rec: Rec) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `Rec` is 32 bytes on a 32-byte boundary: two aligned 16-byte halves, each
-    // written whole; `rec` is plain data.
-    unsafe {
-        use std::arch::x86_64::{__m128i, _mm_stream_si128};
-        let src = (&rec as *const Rec).cast::<__m128i>();
-        let dst = (to as *mut Rec).cast::<__m128i>();
-        _mm_stream_si128(dst, src.read());
-        _mm_stream_si128(dst.add(1), src.add(1).read());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        *to = rec;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -577,7 +555,7 @@ mod tests {
             r.owner = 0xfeed_f00d;
             r.flags |= NEW_ENTRY | WITH_EVICTED;
             let mut to = Rec::new(BlockEventKind::Hit, None, None, None);
-            store(&mut to, r);
+            super::super::stream(&mut to, r);
             assert_eq!(
                 (to.hash, to.prev, to.index, to.block, to.owner, to.kind, to.flags),
                 (r.hash, r.prev, r.index, r.block, r.owner, r.kind, r.flags)

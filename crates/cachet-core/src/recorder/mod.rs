@@ -53,6 +53,57 @@ pub(crate) fn prefetch<T>(v: &T) {
     let _ = v;
 }
 
+/// Write `v` to `to` past the caches (streaming stores): for a line the step writes whole and
+/// does not read back soon, last touched long ago, so that a plain store would first read it in
+/// and leave it in the core's caches in place of what the step reads again. The engine fences
+/// once a step (`Recorder::end_step`) before another thread may read it; this thread's own
+/// later reads see it as any store. (`T` is a multiple of 16 bytes on a 16-byte boundary.)
+#[inline(always)]
+pub(crate) fn stream<T: Copy>(to: &mut T, v: T) {
+    const {
+        assert!(std::mem::size_of::<T>() % 16 == 0 && std::mem::align_of::<T>() >= 16);
+    }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `to` is valid for writes of `size_of::<T>()` bytes and 16-byte aligned (checked
+    // at compile time above), so each 16-byte half is an aligned `__m128i`; `v` is plain data
+    // (`Copy`), read as such.
+    unsafe {
+        use std::arch::x86_64::{__m128i, _mm_stream_si128};
+        let src = (&v as *const T).cast::<__m128i>();
+        let dst = (to as *mut T).cast::<__m128i>();
+        for k in 0..std::mem::size_of::<T>() / 16 {
+            _mm_stream_si128(dst.add(k), src.add(k).read_unaligned());
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        *to = v;
+    }
+}
+
+/// Copy `from` to `to` (equal lengths) past the caches where `to` is 16-byte aligned and a
+/// multiple of 16 bytes long (a block's tokens in the block index), else as a plain copy.
+#[inline]
+pub(crate) fn stream_tokens(to: &mut [crate::TokenId], from: &[crate::TokenId]) {
+    const PER: usize = 16 / std::mem::size_of::<crate::TokenId>();
+    #[cfg(target_arch = "x86_64")]
+    if to.len() == from.len() && to.len() % PER == 0 && (to.as_ptr() as usize) % 16 == 0 {
+        // SAFETY: `to` and `from` hold `len` tokens each; `to` starts 16-byte aligned and
+        // `len` is a multiple of 16 bytes, so each store is an aligned 16-byte write inside
+        // `to`; each load reads 16 bytes inside `from` (unaligned loads allowed).
+        unsafe {
+            use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+            let src = from.as_ptr().cast::<__m128i>();
+            let dst = to.as_mut_ptr().cast::<__m128i>();
+            for k in 0..to.len() / PER {
+                _mm_stream_si128(dst.add(k), _mm_loadu_si128(src.add(k)));
+            }
+        }
+        return;
+    }
+    to.copy_from_slice(from);
+}
+
 /// Session-cumulative numbers: the sum over a session's turns, this one included.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SessionTotals {
