@@ -761,10 +761,7 @@ mod tests {
         // parent), the new one has none.
         ix.created(0, h(5), 0, None, &[1, 9], 0, a, 4.0);
         for c in [1, 3] {
-            assert!(
-                !ix.is_linked(c) && ix.nodes[c].parent == NONE,
-                "block {c}"
-            );
+            assert!(!ix.is_linked(c) && ix.nodes[c].parent == NONE, "block {c}");
         }
         assert!(ix.siblings(Some(0)).is_empty());
         assert_eq!(ix.siblings(None), vec![0, 2]);

@@ -61,7 +61,7 @@ pub(crate) fn prefetch<T>(v: &T) {
 #[inline(always)]
 pub(crate) fn stream<T: Copy>(to: &mut T, v: T) {
     const {
-        assert!(std::mem::size_of::<T>() % 16 == 0 && std::mem::align_of::<T>() >= 16);
+        assert!(std::mem::size_of::<T>().is_multiple_of(16) && std::mem::align_of::<T>() >= 16);
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `to` is valid for writes of `size_of::<T>()` bytes and 16-byte aligned (checked
