@@ -87,7 +87,10 @@ pub(crate) fn stream<T: Copy>(to: &mut T, v: T) {
 pub(crate) fn stream_tokens(to: &mut [crate::TokenId], from: &[crate::TokenId]) {
     const PER: usize = 16 / std::mem::size_of::<crate::TokenId>();
     #[cfg(target_arch = "x86_64")]
-    if to.len() == from.len() && to.len() % PER == 0 && (to.as_ptr() as usize) % 16 == 0 {
+    if to.len() == from.len()
+        && to.len().is_multiple_of(PER)
+        && (to.as_ptr() as usize).is_multiple_of(16)
+    {
         // SAFETY: `to` and `from` hold `len` tokens each; `to` starts 16-byte aligned and
         // `len` is a multiple of 16 bytes, so each store is an aligned 16-byte write inside
         // `to`; each load reads 16 bytes inside `from` (unaligned loads allowed).
