@@ -5,16 +5,18 @@
 //! it" of an eviction read it.
 //!
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
-//! inspector, which is rare: an entry is one 64-byte line, what its creation touches (its hash,
-//! its sibling links, its children's head) first, what only queries read (times, hits, depth,
-//! root key) after it. Its creator is an id in a dense array beside the live bits, into a small
-//! reference-counted table of labels ([`Creators`]), so an entry costs no atomic reference
-//! count on a label that may have gone cold long ago.
+//! inspector, which is rare. What the step reads and writes of an entry is small and dense: its
+//! sibling links and children's head (16 bytes, [`Node`]), a byte of state bits, and its
+//! creator, an id into a small reference-counted table of labels ([`Creators`], so an entry
+//! costs no atomic reference count on a label that may have gone cold long ago). What only
+//! queries read (its hash, times, hits, depth, root key: one 64-byte line, [`Entry`]) and its
+//! tokens (one line for a 16-token block) are written whole past the caches when it is
+//! created, and never read by the step.
 //!
-//! Dropping an entry touches only that array and the live bit: its line (and the neighbours
-//! its sibling links name) were last touched a whole pool cycle ago. The dropped entry stays in
+//! Dropping an entry touches only the creator id and the state byte: its links (and the
+//! neighbours they name) were last touched a whole pool cycle ago. The dropped entry stays in
 //! its sibling list and its children stay under it, skipped by every reader (none is live)
-//! until its block becomes an entry again: creating it reads that line anyway, and detaches
+//! until its block becomes an entry again: creating it reads those links anyway, and detaches
 //! the dropped one first.
 
 use std::sync::Arc;
@@ -55,6 +57,13 @@ const EMPTY: Node = Node {
 };
 
 const _: () = assert!(std::mem::size_of::<Node>() == 16);
+
+/// A block's state bits ([`BlockIndex::state`]): it holds a live entry; its slot is in the
+/// index's structure (a live entry, or a dropped one not detached yet); it is in a sibling
+/// list (a root's list, or its parent's children).
+const CACHED: u8 = 1;
+const OCCUPIED: u8 = 2;
+const LINKED: u8 = 4;
 
 /// What only queries read of an entry (and a hit updates), one line, written whole past the
 /// caches when the entry is created: the step never reads it.
@@ -208,14 +217,8 @@ pub(crate) struct BlockIndex {
     b: usize,
     nodes: Vec<Node>,
     entries: Vec<Entry>,
-    /// Bit `i`: block `i` holds a live entry. A slot that is occupied without it holds a
-    /// dropped entry not detached yet.
-    cached: Vec<u64>,
-    /// Bit `i`: slot `i` is in the index's structure (a live entry, or a dropped one not
-    /// detached yet).
-    occupied: Vec<u64>,
-    /// Bit `i`: slot `i` is in a sibling list (a root's list, or its parent's children).
-    linked: Vec<u64>,
+    /// Block `i`'s [`CACHED`], [`OCCUPIED`] and [`LINKED`] bits, a byte each.
+    state: Vec<u8>,
     /// Block `i`'s entry's creator, an id in [`BlockIndex::creators`] held by the entry
     /// (`NONE`: no live entry); dense, so that dropping an entry reads no line of its slot.
     owner: Vec<u32>,
@@ -237,9 +240,7 @@ impl BlockIndex {
             b: block_size,
             nodes: vec![EMPTY; num_blocks],
             entries: vec![BLANK; num_blocks],
-            cached: vec![0; num_blocks.div_ceil(64)],
-            occupied: vec![0; num_blocks.div_ceil(64)],
-            linked: vec![0; num_blocks.div_ceil(64)],
+            state: vec![0; num_blocks],
             owner: vec![NONE; num_blocks],
             tokens,
             tok0,
@@ -253,18 +254,25 @@ impl BlockIndex {
     }
 
     #[inline]
-    fn is_cached(&self, i: usize) -> bool {
-        bit(&self.cached, i)
+    fn has(&self, i: usize, bit: u8) -> bool {
+        self.state.get(i).is_some_and(|s| s & bit != 0)
     }
 
     #[inline]
-    fn set_cached(&mut self, i: usize, on: bool) {
-        set_bit(&mut self.cached, i, on);
+    fn clear(&mut self, i: usize, bits: u8) {
+        if let Some(s) = self.state.get_mut(i) {
+            *s &= !bits;
+        }
+    }
+
+    #[inline]
+    fn is_cached(&self, i: usize) -> bool {
+        self.has(i, CACHED)
     }
 
     #[inline]
     fn is_linked(&self, i: usize) -> bool {
-        bit(&self.linked, i)
+        self.has(i, LINKED)
     }
 
     /// Start loading what creating an entry in `block` under `parent` (`NONE`: none) reads:
@@ -354,7 +362,7 @@ impl BlockIndex {
         if next != NONE {
             self.nodes[next as usize].prev = prev;
         }
-        set_bit(&mut self.linked, i as usize, false);
+        self.clear(i as usize, LINKED);
         let m = &mut self.nodes[i as usize];
         m.prev = NONE;
         m.next = NONE;
@@ -375,7 +383,7 @@ impl BlockIndex {
         let m = &mut self.nodes[i as usize];
         m.next = head;
         m.prev = NONE;
-        set_bit(&mut self.linked, i as usize, true);
+        self.state[i as usize] |= LINKED;
         self.set_head(parent, i);
     }
 
@@ -433,7 +441,7 @@ impl BlockIndex {
                 self.creators.release(owner);
             }
         }
-        if bit(&self.occupied, i) {
+        if self.has(i, OCCUPIED) {
             self.detach(block);
         }
         let parent = if self.is_cached(parent as usize) {
@@ -448,9 +456,11 @@ impl BlockIndex {
         self.owner[i] = creator;
         // Linked at the front of its siblings as it is written (no read-back of the line).
         let head = if orphan { NONE } else { self.head(parent) };
-        self.set_cached(i, true);
-        set_bit(&mut self.occupied, i, true);
-        set_bit(&mut self.linked, i, !orphan);
+        self.state[i] = if orphan {
+            CACHED | OCCUPIED
+        } else {
+            CACHED | OCCUPIED | LINKED
+        };
         self.nodes[i] = Node {
             parent,
             next: head,
@@ -507,7 +517,7 @@ impl BlockIndex {
         if !self.is_cached(i) {
             return None;
         }
-        self.set_cached(i, false);
+        self.clear(i, CACHED);
         let creator = std::mem::replace(&mut self.owner[i], NONE);
         (creator != NONE).then_some(creator)
     }
@@ -524,13 +534,13 @@ impl BlockIndex {
             m.parent = NONE;
             m.prev = NONE;
             m.next = NONE;
-            set_bit(&mut self.linked, c as usize, false);
+            self.clear(c as usize, LINKED);
             c = next;
         }
         // What only queries read is left as it was: nothing reads it of an uncached block, and
         // the next entry here writes it anew.
         self.nodes[i] = EMPTY;
-        set_bit(&mut self.occupied, i, false);
+        self.clear(i, OCCUPIED | LINKED);
     }
 
     /// Every entry was dropped.
@@ -544,9 +554,7 @@ impl BlockIndex {
             self.nodes[i] = EMPTY;
             self.entries[i] = BLANK;
         }
-        self.cached.fill(0);
-        self.occupied.fill(0);
-        self.linked.fill(0);
+        self.state.fill(0);
         self.root_first = NONE;
     }
 
@@ -659,23 +667,6 @@ impl BlockIndex {
             c = self.nodes[c as usize].next;
         }
         v
-    }
-}
-
-/// Bit `i` of a bitset.
-#[inline]
-fn bit(set: &[u64], i: usize) -> bool {
-    set.get(i / 64).is_some_and(|w| w & (1u64 << (i % 64)) != 0)
-}
-
-#[inline]
-fn set_bit(set: &mut [u64], i: usize, on: bool) {
-    if let Some(w) = set.get_mut(i / 64) {
-        if on {
-            *w |= 1u64 << (i % 64);
-        } else {
-            *w &= !(1u64 << (i % 64));
-        }
     }
 }
 
