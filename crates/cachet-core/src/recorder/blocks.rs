@@ -94,22 +94,47 @@ const BLANK: Entry = Entry {
 const _: () = assert!(std::mem::size_of::<Entry>() == 64);
 
 /// Labels of the requests that created entries (or that a kept lifecycle names as an evicted
-/// entry's owner), by id, each with a count of its holders: the live request itself, each
-/// entry it created, each lifecycle event naming it. An id is reused once nothing holds it.
+/// entry's owner), by id. An id is held by the live request itself and by each entry it
+/// created (counted), and named by `evicted` records of the lifecycle log: by position, not by
+/// a count, so that recording one costs a store and releasing it costs nothing. An id is
+/// reused once nothing holds it and the log's tail has passed the last record that names it
+/// ([`Creators::refer`], [`Creators::advance`]); a record moved out of the log holds its id.
 #[derive(Debug, Default)]
 pub(crate) struct Creators {
-    slots: Vec<(Option<Arc<str>>, u32)>,
+    slots: Vec<Creator>,
     free: Vec<u32>,
+    /// Ids no longer held but named by records the log's tail has not passed yet.
+    parked: Vec<u32>,
+    /// The log's records below this position are released.
+    tail: u64,
 }
+
+#[derive(Debug)]
+struct Creator {
+    label: Option<Arc<str>>,
+    count: u32,
+    /// The position in the lifecycle log of the newest record naming it (`NEVER`: none).
+    last_ref: u64,
+    parked: bool,
+}
+
+/// No record names the id.
+const NEVER: u64 = u64::MAX;
 
 impl Creators {
     /// A new id for `label`, held once.
     pub(crate) fn acquire(&mut self, label: &Arc<str>) -> u32 {
+        let c = Creator {
+            label: Some(label.clone()),
+            count: 1,
+            last_ref: NEVER,
+            parked: false,
+        };
         if let Some(id) = self.free.pop() {
-            self.slots[id as usize] = (Some(label.clone()), 1);
+            self.slots[id as usize] = c;
             return id;
         }
-        self.slots.push((Some(label.clone()), 1));
+        self.slots.push(c);
         (self.slots.len() - 1) as u32
     }
 
@@ -120,7 +145,7 @@ impl Creators {
     /// holds, before the request has added them.)
     pub(crate) fn acquire_live(&mut self, label: &Arc<str>) -> u32 {
         let id = self.acquire(label);
-        self.slots[id as usize].1 = LIVE;
+        self.slots[id as usize].count = LIVE;
         id
     }
 
@@ -129,56 +154,109 @@ impl Creators {
         let Some(s) = self.slots.get_mut(id as usize) else {
             return;
         };
-        s.1 = s.1.wrapping_add(entries).wrapping_sub(LIVE);
-        if s.1 == 0 {
-            s.0 = None;
-            self.free.push(id);
+        s.count = s.count.wrapping_add(entries).wrapping_sub(LIVE);
+        if s.count == 0 {
+            self.retire(id);
         }
     }
 
     /// One more holder of `id`.
     pub(crate) fn hold(&mut self, id: u32) {
         if let Some(s) = self.slots.get_mut(id as usize) {
-            s.1 += 1;
+            s.count += 1;
         }
     }
 
-    /// One holder fewer; the label is dropped with the last.
+    /// One holder fewer; the label is dropped with the last, once no record in the log names
+    /// it.
+    #[inline]
     pub(crate) fn release(&mut self, id: u32) {
         let Some(s) = self.slots.get_mut(id as usize) else {
             return;
         };
-        if s.1 == 0 {
+        if s.count == 0 {
             return;
         }
-        s.1 -= 1;
-        if s.1 == 0 {
-            s.0 = None;
-            self.free.push(id);
+        s.count -= 1;
+        if s.count == 0 {
+            self.retire(id);
         }
     }
 
-    /// Hint the CPU to load `id`'s line (no effect on results).
+    /// The lifecycle record at position `pos` of the log (newer than any before it) names
+    /// `id`.
     #[inline]
-    pub(crate) fn prefetch(&self, id: u32) {
-        if let Some(s) = self.slots.get(id as usize) {
-            super::prefetch(s);
+    pub(crate) fn refer(&mut self, id: u32, pos: u64) {
+        if let Some(s) = self.slots.get_mut(id as usize) {
+            s.last_ref = pos;
         }
+    }
+
+    /// Nothing holds `id`: reused now, or once the log's tail passes the records naming it.
+    fn retire(&mut self, id: u32) {
+        let tail = self.tail;
+        let s = &mut self.slots[id as usize];
+        if s.last_ref == NEVER || s.last_ref < tail {
+            s.label = None;
+            self.free.push(id);
+        } else if !s.parked {
+            s.parked = true;
+            self.parked.push(id);
+        }
+    }
+
+    /// The log's records below `tail` are released: the ids only they named are reused.
+    pub(crate) fn advance(&mut self, tail: u64) {
+        self.tail = self.tail.max(tail);
+        let mut parked = std::mem::take(&mut self.parked);
+        parked.retain(|&id| {
+            let s = &mut self.slots[id as usize];
+            if s.count > 0 {
+                // Held again (by a record moved out of the log): retired again when released.
+                s.parked = false;
+                false
+            } else if s.last_ref < self.tail {
+                s.parked = false;
+                s.label = None;
+                self.free.push(id);
+                false
+            } else {
+                true
+            }
+        });
+        self.parked = parked;
     }
 
     pub(crate) fn label(&self, id: u32) -> Option<Arc<str>> {
-        self.slots.get(id as usize).and_then(|s| s.0.clone())
+        self.slots.get(id as usize).and_then(|s| s.label.clone())
     }
 
+    /// Ids with a label (held, or named by a record the log's tail has not passed).
     #[cfg(test)]
     pub(crate) fn live(&self) -> usize {
-        self.slots.iter().filter(|s| s.1 > 0).count()
+        self.slots.iter().filter(|s| s.label.is_some()).count()
     }
 
     /// Holds of all ids together.
     #[cfg(test)]
     pub(crate) fn holds(&self) -> usize {
-        self.slots.iter().map(|s| s.1 as usize).sum()
+        self.slots.iter().map(|s| s.count as usize).sum()
+    }
+
+    /// The id is alive, and its newest naming record is at `pos` or later (tests).
+    #[cfg(test)]
+    pub(crate) fn named_at(&self, id: u32, pos: u64) -> bool {
+        self.slots
+            .get(id as usize)
+            .is_some_and(|s| s.label.is_some() && s.last_ref != NEVER && s.last_ref >= pos)
+    }
+
+    /// Every id with a label is held or named by a record at or past the log's tail (tests).
+    #[cfg(test)]
+    pub(crate) fn none_leaked(&self) -> bool {
+        self.slots.iter().all(|s| {
+            s.label.is_none() || s.count > 0 || (s.last_ref != NEVER && s.last_ref >= self.tail)
+        })
     }
 }
 
@@ -509,7 +587,8 @@ impl BlockIndex {
     }
 
     /// The entry `block` held was dropped; returns its creator's id, whose hold by the entry
-    /// passes to the caller (to keep, for a lifecycle event, or to release). Reads and writes
+    /// passes to the caller (to release, after naming it to [`Creators::refer`] when a
+    /// lifecycle record names it). Reads and writes
     /// no line of its slot: it stays in its sibling list, and its children under it, until it
     /// is detached ([`BlockIndex::detach`]), which creating an entry in the block does first.
     pub(crate) fn evicted(&mut self, block: BlockId) -> Option<u32> {

@@ -217,25 +217,38 @@ impl Insight {
         }
     }
 
-    /// Record `rec` in the lifecycle of the request in `slot`; false when it keeps none, or
-    /// has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as dropped).
+    /// Record `rec` in the lifecycle of the request in `slot`; its position in the log, `None`
+    /// when it keeps none, or has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as
+    /// dropped).
     #[inline(always)]
-    fn record(&mut self, slot: u32, rec: Rec) -> bool {
+    fn record(&mut self, slot: u32, rec: Rec) -> Option<u64> {
         let i = slot as usize;
         match self.live.get_mut(i).map(|l| &mut l.chain) {
             Some(c) if c.on => {
                 if c.count() + rec.events() > MAX_BLOCK_EVENTS {
                     c.dropped = c.dropped.saturating_add(rec.events() as u32);
-                    return false;
+                    return None;
                 }
             }
-            _ => return false,
+            _ => return None,
         }
         if self.log.full() {
             self.make_room();
         }
-        self.log.push(&mut self.live[i].chain, rec);
-        true
+        Some(self.log.push(&mut self.live[i].chain, rec))
+    }
+
+    /// The entry created by `owner` was evicted (its hold by the entry passes to the caller),
+    /// named by the record at `at` if one was kept: the id lives until the log's tail passes
+    /// it.
+    #[inline]
+    fn evicted_owner(&mut self, owner: Option<u32>, at: Option<u64>) {
+        if let (Some(o), Some(ix)) = (owner, self.index.as_mut()) {
+            if let Some(p) = at {
+                ix.creators.refer(o, p);
+            }
+            ix.creators.release(o);
+        }
     }
 
     /// Room in the log for the next record (the live and kept lifecycles hold theirs).
@@ -599,9 +612,8 @@ impl Insight {
         };
         let mut p = 0;
         for e in &kv.evicted {
-            // Its creator's hold passes to the record that names it, else is released.
             let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
-            let mut kept = false;
+            let mut kept = None;
             if let (Some(s), true) = (life, merged) {
                 let r = Rec::evicted_for(
                     first_new as u32,
@@ -629,11 +641,7 @@ impl Insight {
                 r.owner = owner.unwrap_or(NONE);
                 kept = self.record(s, r);
             }
-            if let (Some(o), false) = (owner, kept) {
-                if let Some(ix) = self.index.as_mut() {
-                    ix.creators.release(o);
-                }
-            }
+            self.evicted_owner(owner, kept);
         }
         if let Some(sh) = self.shadow.as_mut() {
             // In the order the pool took them: where the hashless ones sit matters to the
@@ -672,21 +680,18 @@ impl Insight {
         blk: BlockId,
         ev: Option<&crate::block_pool::Evicted>,
     ) {
-        // Its creator's hold passes to the record that names it, else is released.
         let owner = match (ev, self.index.as_mut()) {
             (Some(e), Some(ix)) => ix.evicted(e.block),
             _ => None,
         };
-        let kept = life.is_some_and(|s| {
+        let kept = life.and_then(|s| {
             let r = match ev {
                 Some(e) => Rec::evicted_for(index, blk, wire_hash(&e.hash), owner.unwrap_or(NONE)),
                 None => Rec::new(BlockEventKind::Allocated, Some(index), Some(blk), None),
             };
             self.record(s, r)
         });
-        if let (Some(o), false, Some(ix)) = (owner, kept, self.index.as_mut()) {
-            ix.creators.release(o);
-        }
+        self.evicted_owner(owner, kept);
         if let Some(sh) = self.shadow.as_mut() {
             sh.take_one(ev.map(|e| &e.hash));
         }

@@ -10,7 +10,8 @@
 //! history; the ring grows to keep them, up to [`MAX_LOG`] records, past which the lifecycles
 //! that hold the oldest records are moved out of it into their own buffers ([`Chain::spill`]).
 //! The evicted entry's owner of an `evicted` record is an id of the block index's [`Creators`],
-//! held by the record until the ring's tail passes it (or its moved copy is dropped).
+//! kept alive by its position until the ring's tail passes it ([`Creators::refer`]; a copy
+//! moved out of the ring holds it until dropped).
 //! Records are written with streaming stores (the step never reads them back); the engine
 //! fences once a step (`Recorder::end_step`), so a thread that reads the log later sees them.
 
@@ -266,14 +267,10 @@ pub(super) const MAX_LOG: usize = 1 << 21;
 #[derive(Debug, Default)]
 pub(super) struct LifeLog {
     ring: Vec<Rec>,
-    /// Records moved out of the ring, by chain ([`Chain::spill`]), in order (their owners'
-    /// holds with them); and the free indices.
+    /// Records moved out of the ring, by chain ([`Chain::spill`]), in order (each holds its
+    /// owner); and the free indices.
     spills: Vec<Vec<Rec>>,
     free_spills: Vec<u32>,
-    /// The records in the ring that hold an owner: (position, owner), in order (`NONE`: the
-    /// hold moved out with the record). The tail releases them from here, not reading the ring
-    /// (written past the caches).
-    owners: std::collections::VecDeque<(u64, u32)>,
     /// Position of the next record.
     head: u64,
     /// Records below it are released.
@@ -308,16 +305,14 @@ impl LifeLog {
         (self.head - self.tail) as usize == self.ring.len()
     }
 
-    /// Append `rec` to `chain` (the caller made room).
+    /// Append `rec` to `chain` (the caller made room); returns its position (the caller
+    /// names it to [`Creators::refer`] when it has an owner).
     #[inline]
-    pub(super) fn push(&mut self, chain: &mut Chain, mut rec: Rec) {
+    pub(super) fn push(&mut self, chain: &mut Chain, mut rec: Rec) -> u64 {
         rec.prev = chain.last;
         let p = self.head;
         let i = self.at(p);
         let n = rec.events() as u32;
-        if rec.owner != NONE {
-            self.owners.push_back((p, rec.owner));
-        }
         super::stream(&mut self.ring[i], rec);
         self.head += 1;
         if chain.first == NO {
@@ -325,6 +320,7 @@ impl LifeLog {
         }
         chain.last = p;
         chain.count += n;
+        p
     }
 
     /// Make the records written past the caches visible to every core (a store fence): at
@@ -375,7 +371,7 @@ impl LifeLog {
         } else if floor < half {
             // At its largest: move the chains that start in the older half out of the ring.
             for c in chains.iter_mut().filter(|c| c.first < half) {
-                self.spill(c);
+                self.spill(c, creators.as_deref_mut());
             }
             self.release_to(half, creators.as_deref_mut());
             return;
@@ -383,17 +379,14 @@ impl LifeLog {
         self.release_to(floor, creators);
     }
 
-    /// Move `chain`'s records out of the ring (their owners' holds with them).
-    fn spill(&mut self, chain: &mut Chain) {
+    /// Move `chain`'s records out of the ring (each copy holds its owner).
+    fn spill(&mut self, chain: &mut Chain, mut creators: Option<&mut Creators>) {
         #[cfg(test)]
         SPILLS.with(|n| n.set(n.get() + 1));
         let mut v = Vec::new();
-        for (p, mut r) in self.in_ring(chain) {
-            if r.owner != NONE {
-                // The copy holds the owner now.
-                if let Ok(k) = self.owners.binary_search_by_key(&p, |e| e.0) {
-                    self.owners[k].1 = NONE;
-                }
+        for (_, mut r) in self.in_ring(chain) {
+            if let (true, Some(c)) = (r.owner != NONE, creators.as_deref_mut()) {
+                c.hold(r.owner);
             }
             r.prev = NO;
             v.push(r);
@@ -434,26 +427,12 @@ impl LifeLog {
         self.ring = ring;
     }
 
-    /// Release the records below `to`: the holds of their owners.
+    /// Release the records below `to`: the owners only they named may be reused.
     fn release_to(&mut self, to: u64, creators: Option<&mut Creators>) {
-        let to = to.min(self.head);
-        const AHEAD: usize = 8;
-        let n = self.owners.partition_point(|e| e.0 < to);
+        self.tail = self.tail.max(to.min(self.head));
         if let Some(c) = creators {
-            for k in 0..n {
-                if let Some(&(_, o)) = self.owners.get(k + AHEAD).filter(|_| k + AHEAD < n) {
-                    if o != NONE {
-                        c.prefetch(o);
-                    }
-                }
-                let o = self.owners[k].1;
-                if o != NONE {
-                    c.release(o);
-                }
-            }
+            c.advance(self.tail);
         }
-        self.owners.drain(..n);
-        self.tail = self.tail.max(to);
     }
 
     /// `chain`'s first `take` events in order (moved records first), a record each.
@@ -471,15 +450,23 @@ impl LifeLog {
         all
     }
 
-    /// Holds of owners by records in the ring and moved out of it (tests).
+    /// Holds of owners by records moved out of the ring (tests).
     #[cfg(test)]
     pub(super) fn held(&self) -> usize {
-        let ring = self.owners.iter().filter(|e| e.1 != NONE).count();
-        ring + self
-            .spills
+        self.spills
             .iter()
             .map(|s| s.iter().filter(|r| r.owner != NONE).count())
             .sum::<usize>()
+    }
+
+    /// The records in the ring not released yet that name an owner, with their positions
+    /// (tests).
+    #[cfg(test)]
+    pub(super) fn owners_in_ring(&self) -> Vec<(u64, u32)> {
+        (self.tail..self.head)
+            .map(|p| (p, self.ring[self.at(p)].owner))
+            .filter(|&(_, o)| o != NONE)
+            .collect()
     }
 }
 

@@ -106,8 +106,9 @@ fn workload_with_log(
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
     let hottest = rec.hottest(t, 64);
     // Every request has ended: each hold of a creator id is a live entry's or an `evicted`
-    // record's (in the log, not passed by its tail yet, or moved out of it with a kept
-    // lifecycle).
+    // record's moved out of the log with a kept lifecycle; each `evicted` record the log's tail
+    // has not passed names an id still alive (its label readable), and no id is alive that
+    // nothing holds or names.
     let ins = &rec.insight;
     let ix = ins.index.as_ref().expect("block index kept");
     let holds = ix.creators.holds();
@@ -116,6 +117,16 @@ fn workload_with_log(
         holds,
         ix.owned_entries() + records,
         "seed {run}: creator holds"
+    );
+    for (pos, owner) in ins.log.owners_in_ring() {
+        assert!(
+            ix.creators.named_at(owner, pos),
+            "seed {run}: record {pos} names id {owner}"
+        );
+    }
+    assert!(
+        ix.creators.none_leaked(),
+        "seed {run}: an id outlived its holders and records"
     );
     (
         (totals.num_preemptions, totals.blocks_evicted, holds),
