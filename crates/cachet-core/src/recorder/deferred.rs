@@ -9,8 +9,8 @@ use crate::BlockId;
 const AHEAD: usize = 8;
 
 /// A change the block index has not seen yet: an entry to create (its tokens in
-/// [`IndexQueue::tokens`]), or a hold of a creator to release. 48 bytes: the queue is lines
-/// the step writes and reads back, so it is kept small.
+/// [`IndexQueue::tokens`]), or a creator id taken for one fill to finish. 48 bytes: the queue
+/// is lines the step writes and reads back, so it is kept small.
 #[derive(Clone, Copy, Debug)]
 struct Pending {
     /// The entry's hash as KV events carry it.
@@ -22,16 +22,14 @@ struct Pending {
     /// `NONE`: depth 0, or none known.
     parent: BlockId,
     creator: u32,
-    /// `CREATE`, `HOLD` (the entry takes a hold of `creator`), or `RELEASE` (no entry: one
-    /// hold of `creator` released).
+    /// `CREATE`, or `FINISH` (no entry: the fill that took `creator` is applied).
     op: u8,
 }
 
 const _: () = assert!(std::mem::size_of::<Pending>() == 48);
 
 const CREATE: u8 = 1;
-const HOLD: u8 = 2;
-const RELEASE: u8 = 4;
+const FINISH: u8 = 2;
 
 /// New entries not yet applied to the block index, in order, with their tokens. A fill
 /// creates one entry per call, and its lines (the entry's, its tokens', the parent's
@@ -53,6 +51,7 @@ impl IndexQueue {
 
     /// A new entry in `block` with one block's `tokens` (see [`BlockIndex::create`]).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn push_create(
         &mut self,
         block: BlockId,
@@ -63,7 +62,6 @@ impl IndexQueue {
         root_key: u64,
         creator: u32,
         now: f64,
-        hold: bool,
     ) {
         // (A block of 16 tokens, the default, is copied as one: no call.)
         match <&[crate::TokenId; 16]>::try_from(tokens) {
@@ -78,12 +76,12 @@ impl IndexQueue {
             depth,
             parent,
             creator,
-            op: if hold { CREATE | HOLD } else { CREATE },
+            op: CREATE,
         });
     }
 
-    /// One hold of `creator` to release after what is queued before it.
-    pub(super) fn push_release(&mut self, creator: u32) {
+    /// `creator` (taken for the fill queued before it) to finish.
+    pub(super) fn push_finish(&mut self, creator: u32) {
         self.pending.push(Pending {
             wire: 0,
             root_key: 0,
@@ -92,7 +90,7 @@ impl IndexQueue {
             depth: 0,
             parent: NONE,
             creator,
-            op: RELEASE,
+            op: FINISH,
         });
     }
 
@@ -123,18 +121,10 @@ impl IndexQueue {
                     continue;
                 };
                 ix.create(
-                    p.block,
-                    p.wire,
-                    p.depth,
-                    p.parent,
-                    t,
-                    p.root_key,
-                    p.creator,
-                    p.now,
-                    p.op & HOLD != 0,
+                    p.block, p.wire, p.depth, p.parent, t, p.root_key, p.creator, p.now,
                 );
             } else {
-                ix.creators.release(p.creator);
+                ix.creators.finish(p.creator);
             }
         }
         self.pending.clear();

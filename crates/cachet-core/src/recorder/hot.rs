@@ -17,15 +17,13 @@ pub(crate) struct Live {
 
 const _: () = assert!(std::mem::size_of::<Live>() == 64);
 
-/// What a fill reads of a live request besides its tokens: 32 bytes.
+/// What a fill reads of a live request besides its tokens: 24 bytes.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Ids {
     /// Digest of its salt, adapter and tenant (see `insight::root_key`).
     pub(super) root_key: u64,
     /// The request's id in the block index's creators (`NONE` until it creates an entry).
     pub(super) creator: u32,
-    /// Entries it created, each holding `creator` (counted here while it lives).
-    pub(super) entries: u32,
     /// The newest entry it created: its index in the block table and its block (`None`: none,
     /// or its blocks were freed since). The request holds that block until it is preempted or
     /// ends, so the pool keeps the entry (only free blocks are evicted; a reset needs every
@@ -33,14 +31,13 @@ pub(crate) struct Ids {
     pub(super) own: Option<(u32, BlockId)>,
 }
 
-const _: () = assert!(std::mem::size_of::<Ids>() == 32);
+const _: () = assert!(std::mem::size_of::<Ids>() == 24);
 
 impl Default for Ids {
     fn default() -> Self {
         Ids {
             root_key: 0,
             creator: NONE,
-            entries: 0,
             own: None,
         }
     }

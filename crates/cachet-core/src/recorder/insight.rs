@@ -217,38 +217,25 @@ impl Insight {
         }
     }
 
-    /// Record `rec` in the lifecycle of the request in `slot`; its position in the log, `None`
-    /// when it keeps none, or has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as
-    /// dropped).
+    /// Record `rec` in the lifecycle of the request in `slot`; false when it keeps none, or
+    /// has reached [`MAX_BLOCK_EVENTS`] (then the event is counted as dropped).
     #[inline(always)]
-    fn record(&mut self, slot: u32, rec: Rec) -> Option<u64> {
+    fn record(&mut self, slot: u32, rec: Rec) -> bool {
         let i = slot as usize;
         match self.live.get_mut(i).map(|l| &mut l.chain) {
             Some(c) if c.on => {
                 if c.count() + rec.events() > MAX_BLOCK_EVENTS {
                     c.dropped = c.dropped.saturating_add(rec.events() as u32);
-                    return None;
+                    return false;
                 }
             }
-            _ => return None,
+            _ => return false,
         }
         if self.log.full() {
             self.make_room();
         }
-        Some(self.log.push(&mut self.live[i].chain, rec))
-    }
-
-    /// The entry created by `owner` was evicted (its hold by the entry passes to the caller),
-    /// named by the record at `at` if one was kept: the id lives until the log's tail passes
-    /// it.
-    #[inline]
-    fn evicted_owner(&mut self, owner: Option<u32>, at: Option<u64>) {
-        if let (Some(o), Some(ix)) = (owner, self.index.as_mut()) {
-            if let Some(p) = at {
-                ix.creators.refer(o, p);
-            }
-            ix.creators.release(o);
-        }
+        self.log.push(&mut self.live[i].chain, rec);
+        true
     }
 
     /// Room in the log for the next record (the live and kept lifecycles hold theirs).
@@ -265,8 +252,7 @@ impl Insight {
                     .iter_mut()
                     .flat_map(|k| k.parts_mut().map(|p| &mut p.chain)),
             );
-        self.log
-            .make_room(chains, self.index.as_mut().map(|ix| &mut ix.creators));
+        self.log.make_room(chains);
     }
 
     /// The step ended: what it recorded is visible to any thread that reads it next.
@@ -320,6 +306,11 @@ impl Insight {
         adapter: Option<&str>,
     ) -> RequestInsight {
         self.flush();
+        if let Some(ix) = self.index.as_mut() {
+            if ix.creators.wants_sweep() {
+                ix.sweep_creators(self.log.owners());
+            }
+        }
         if self.keeps_live() {
             let chain = if self.cfg.request_history > 0 {
                 Chain::kept()
@@ -385,11 +376,10 @@ impl Insight {
     fn drop_live(&mut self, (old, ids): (Chain, Ids)) {
         if ids.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
-                ix.creators.finish_live(ids.creator, ids.entries);
+                ix.creators.finish(ids.creator);
             }
         }
-        self.log
-            .drop_chain(&old, self.index.as_mut().map(|ix| &mut ix.creators));
+        self.log.drop_chain(&old);
     }
 
     /// Whether the 2x/4x estimates mean anything (a shadow set is kept).
@@ -613,7 +603,6 @@ impl Insight {
         let mut p = 0;
         for e in &kv.evicted {
             let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
-            let mut kept = None;
             if let (Some(s), true) = (life, merged) {
                 let r = Rec::evicted_for(
                     first_new as u32,
@@ -621,7 +610,7 @@ impl Insight {
                     wire_hash(&e.hash),
                     owner.unwrap_or(NONE),
                 );
-                kept = self.record(s, r);
+                self.record(s, r);
             } else if let Some(s) = life {
                 let at = if in_order {
                     while new.get(p).is_some_and(|&x| x != e.block) {
@@ -639,9 +628,8 @@ impl Insight {
                     Some(wire_hash(&e.hash)),
                 );
                 r.owner = owner.unwrap_or(NONE);
-                kept = self.record(s, r);
+                self.record(s, r);
             }
-            self.evicted_owner(owner, kept);
         }
         if let Some(sh) = self.shadow.as_mut() {
             // In the order the pool took them: where the hashless ones sit matters to the
@@ -684,14 +672,13 @@ impl Insight {
             (Some(e), Some(ix)) => ix.evicted(e.block),
             _ => None,
         };
-        let kept = life.and_then(|s| {
+        if let Some(s) = life {
             let r = match ev {
                 Some(e) => Rec::evicted_for(index, blk, wire_hash(&e.hash), owner.unwrap_or(NONE)),
                 None => Rec::new(BlockEventKind::Allocated, Some(index), Some(blk), None),
             };
-            self.record(s, r)
-        });
-        self.evicted_owner(owner, kept);
+            self.record(s, r);
+        }
         if let Some(sh) = self.shadow.as_mut() {
             sh.take_one(ev.map(|e| &e.hash));
         }
@@ -760,16 +747,15 @@ impl Insight {
         {
             let r = &mut self.live[slot as usize].ids;
             if r.creator == NONE {
-                r.creator = ix.creators.acquire_live(label);
+                r.creator = ix.creators.acquire(label);
             }
             let parent = parent_of(Some(r), pool, blocks, hashes, j);
             let made = ix.takes(blk, b);
             if made {
                 self.pending.push_create(
-                    blk, wire, j as u32, parent, toks, r.root_key, r.creator, now, false,
+                    blk, wire, j as u32, parent, toks, r.root_key, r.creator, now,
                 );
             }
-            r.entries += u32::from(made);
             r.own = Some((j as u32, blk));
         }
         if self.cfg.request_history > 0 {
@@ -795,12 +781,12 @@ impl Insight {
         let ids = slot.and_then(|s| self.live.get_mut(s as usize).map(|l| &mut l.ids));
         if let (Some(ix), false) = (self.index.as_mut(), kv.created.is_empty()) {
             let root_key = ids.as_ref().map_or(0, |r| r.root_key);
-            // The creator's id: the request's own (taken at its first entry), or one held only
-            // by these entries.
+            // The creator's id: the request's own (taken at its first entry), or one taken for
+            // these entries alone (finished once they are applied).
             let (creator, mut ids) = match ids {
                 Some(r) => {
                     if r.creator == NONE {
-                        r.creator = ix.creators.acquire_live(label);
+                        r.creator = ix.creators.acquire(label);
                     }
                     (r.creator, Some(r))
                 }
@@ -826,16 +812,14 @@ impl Insight {
                         root_key,
                         creator,
                         now,
-                        temporary,
                     );
                 }
                 if let Some(r) = ids.as_deref_mut() {
-                    r.entries += u32::from(made);
                     r.own = Some((i as u32, blk));
                 }
             }
             if temporary {
-                self.pending.push_release(creator);
+                self.pending.push_finish(creator);
             }
         }
         // The lifecycle's events.
@@ -927,7 +911,7 @@ impl Insight {
             .unwrap_or_default();
         if ids.creator != NONE {
             if let Some(ix) = self.index.as_mut() {
-                ix.creators.finish_live(ids.creator, ids.entries);
+                ix.creators.finish(ids.creator);
             }
         }
         if !chain.on {
@@ -960,8 +944,7 @@ impl Insight {
         if self.history.len() >= self.cfg.request_history {
             if let Some(old) = self.history.pop_front() {
                 for p in old.parts() {
-                    self.log
-                        .drop_chain(&p.chain, self.index.as_mut().map(|ix| &mut ix.creators));
+                    self.log.drop_chain(&p.chain);
                 }
             }
         }

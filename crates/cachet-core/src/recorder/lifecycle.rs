@@ -10,8 +10,8 @@
 //! history; the ring grows to keep them, up to [`MAX_LOG`] records, past which the lifecycles
 //! that hold the oldest records are moved out of it into their own buffers ([`Chain::spill`]).
 //! The evicted entry's owner of an `evicted` record is an id of the block index's [`Creators`],
-//! kept alive by its position until the ring's tail passes it ([`Creators::refer`]; a copy
-//! moved out of the ring holds it until dropped).
+//! in use while the record is kept (in the ring, not passed by its tail, or moved out of it):
+//! [`LifeLog::owners`] lists them for the creators' sweep.
 //! Records are written with streaming stores (the step never reads them back); the engine
 //! fences once a step (`Recorder::end_step`), so a thread that reads the log later sees them.
 
@@ -267,8 +267,8 @@ pub(super) const MAX_LOG: usize = 1 << 21;
 #[derive(Debug, Default)]
 pub(super) struct LifeLog {
     ring: Vec<Rec>,
-    /// Records moved out of the ring, by chain ([`Chain::spill`]), in order (each holds its
-    /// owner); and the free indices.
+    /// Records moved out of the ring, by chain ([`Chain::spill`]), in order; and the free
+    /// indices.
     spills: Vec<Vec<Rec>>,
     free_spills: Vec<u32>,
     /// Position of the next record.
@@ -305,10 +305,9 @@ impl LifeLog {
         (self.head - self.tail) as usize == self.ring.len()
     }
 
-    /// Append `rec` to `chain` (the caller made room); returns its position (the caller
-    /// names it to [`Creators::refer`] when it has an owner).
+    /// Append `rec` to `chain` (the caller made room).
     #[inline]
-    pub(super) fn push(&mut self, chain: &mut Chain, mut rec: Rec) -> u64 {
+    pub(super) fn push(&mut self, chain: &mut Chain, mut rec: Rec) {
         rec.prev = chain.last;
         let p = self.head;
         let i = self.at(p);
@@ -320,7 +319,6 @@ impl LifeLog {
         }
         chain.last = p;
         chain.count += n;
-        p
     }
 
     /// Make the records written past the caches visible to every core (a store fence): at
@@ -333,19 +331,12 @@ impl LifeLog {
         }
     }
 
-    /// `chain` is dropped: release the owners its moved records hold (its records in the ring
-    /// are released when the ring's tail passes them).
-    pub(super) fn drop_chain(&mut self, chain: &Chain, creators: Option<&mut Creators>) {
+    /// `chain` is dropped: its moved records go (its records in the ring are released when
+    /// the ring's tail passes them).
+    pub(super) fn drop_chain(&mut self, chain: &Chain) {
         let Some(v) = self.spills.get_mut(chain.spill as usize) else {
             return;
         };
-        if let Some(c) = creators {
-            for r in v.iter() {
-                if r.owner != NONE {
-                    c.release(r.owner);
-                }
-            }
-        }
         *v = Vec::new();
         self.free_spills.push(chain.spill);
     }
@@ -353,11 +344,7 @@ impl LifeLog {
     /// Room for the next record: the records older than every chain in `chains` (the live and
     /// kept lifecycles) are released; if that frees less than half the ring, the ring grows,
     /// or (at its largest) the chains holding its older half are moved out of it.
-    pub(super) fn make_room<'a>(
-        &mut self,
-        chains: impl Iterator<Item = &'a mut Chain>,
-        mut creators: Option<&mut Creators>,
-    ) {
+    pub(super) fn make_room<'a>(&mut self, chains: impl Iterator<Item = &'a mut Chain>) {
         if self.ring.is_empty() {
             self.ring = blank(FIRST_LOG.min(self.max).max(2).next_power_of_two());
             return;
@@ -371,23 +358,20 @@ impl LifeLog {
         } else if floor < half {
             // At its largest: move the chains that start in the older half out of the ring.
             for c in chains.iter_mut().filter(|c| c.first < half) {
-                self.spill(c, creators.as_deref_mut());
+                self.spill(c);
             }
-            self.release_to(half, creators.as_deref_mut());
+            self.release_to(half);
             return;
         }
-        self.release_to(floor, creators);
+        self.release_to(floor);
     }
 
-    /// Move `chain`'s records out of the ring (each copy holds its owner).
-    fn spill(&mut self, chain: &mut Chain, mut creators: Option<&mut Creators>) {
+    /// Move `chain`'s records out of the ring.
+    fn spill(&mut self, chain: &mut Chain) {
         #[cfg(test)]
         SPILLS.with(|n| n.set(n.get() + 1));
         let mut v = Vec::new();
         for (_, mut r) in self.in_ring(chain) {
-            if let (true, Some(c)) = (r.owner != NONE, creators.as_deref_mut()) {
-                c.hold(r.owner);
-            }
             r.prev = NO;
             v.push(r);
         }
@@ -427,12 +411,18 @@ impl LifeLog {
         self.ring = ring;
     }
 
-    /// Release the records below `to`: the owners only they named may be reused.
-    fn release_to(&mut self, to: u64, creators: Option<&mut Creators>) {
+    /// Release the records below `to`.
+    fn release_to(&mut self, to: u64) {
         self.tail = self.tail.max(to.min(self.head));
-        if let Some(c) = creators {
-            c.advance(self.tail);
-        }
+    }
+
+    /// The owners the kept records name (in the ring, not passed by its tail, and moved out
+    /// of it), with repeats: what the creators' sweep keeps. Reads the ring back (written
+    /// past the caches): rare.
+    pub(super) fn owners(&self) -> impl Iterator<Item = u32> + '_ {
+        let ring = (self.tail..self.head).map(|p| self.ring[self.at(p)].owner);
+        let moved = self.spills.iter().flatten().map(|r| r.owner);
+        ring.chain(moved).filter(|&o| o != NONE)
     }
 
     /// `chain`'s first `take` events in order (moved records first), a record each.
@@ -448,25 +438,6 @@ impl LifeLog {
         }
         all.truncate(take);
         all
-    }
-
-    /// Holds of owners by records moved out of the ring (tests).
-    #[cfg(test)]
-    pub(super) fn held(&self) -> usize {
-        self.spills
-            .iter()
-            .map(|s| s.iter().filter(|r| r.owner != NONE).count())
-            .sum::<usize>()
-    }
-
-    /// The records in the ring not released yet that name an owner, with their positions
-    /// (tests).
-    #[cfg(test)]
-    pub(super) fn owners_in_ring(&self) -> Vec<(u64, u32)> {
-        (self.tail..self.head)
-            .map(|p| (p, self.ring[self.at(p)].owner))
-            .filter(|&(_, o)| o != NONE)
-            .collect()
     }
 }
 

@@ -8,8 +8,8 @@ use crate::{
     SchedulerConfig,
 };
 
-/// (preemptions, evictions, the creator ids' holds), each request's lifecycle, the hottest
-/// prefixes.
+/// (preemptions, evictions, the creator ids in use at the end), each request's lifecycle, the
+/// hottest prefixes.
 type Outcome = (
     (u64, u64, usize),
     Vec<Option<RequestLifecycle>>,
@@ -105,29 +105,20 @@ fn workload_with_log(
     let totals = rec.totals();
     let lifecycles = (0..n).map(|i| rec.lifecycle(&format!("r{i}"))).collect();
     let hottest = rec.hottest(t, 64);
-    // Every request has ended: each hold of a creator id is a live entry's or an `evicted`
-    // record's moved out of the log with a kept lifecycle; each `evicted` record the log's tail
-    // has not passed names an id still alive (its label readable), and no id is alive that
-    // nothing holds or names.
-    let ins = &rec.insight;
-    let ix = ins.index.as_ref().expect("block index kept");
-    let holds = ix.creators.holds();
-    let records = ins.log.held();
-    assert_eq!(
-        holds,
-        ix.owned_entries() + records,
-        "seed {run}: creator holds"
-    );
-    for (pos, owner) in ins.log.owners_in_ring() {
-        assert!(
-            ix.creators.named_at(owner, pos),
-            "seed {run}: record {pos} names id {owner}"
-        );
+    // Every request has ended: each creator id a live entry or a kept lifecycle record names
+    // has its label; a sweep keeps exactly those.
+    let ins = &mut rec.insight;
+    let records: Vec<u32> = ins.log.owners().collect();
+    let ix = ins.index.as_mut().expect("block index kept");
+    let entries = ix.entry_creators();
+    for &id in records.iter().chain(&entries) {
+        assert!(ix.creators.alive(id), "seed {run}: id {id} is named");
+        assert!(!ix.creators.is_live(id), "seed {run}: id {id} finished");
     }
-    assert!(
-        ix.creators.none_leaked(),
-        "seed {run}: an id outlived its holders and records"
-    );
+    ix.sweep_creators(records.iter().copied());
+    let named: std::collections::HashSet<u32> = records.into_iter().chain(entries).collect();
+    let holds = ix.creators.live();
+    assert_eq!(holds, named.len(), "seed {run}: creator ids in use");
     (
         (totals.num_preemptions, totals.blocks_evicted, holds),
         lifecycles,
@@ -160,7 +151,7 @@ fn a_fill_trusts_its_own_entry_only_while_it_holds_it() {
 }
 
 /// What the queue defers (new entries) ends as if each had been applied at once: every
-/// lifecycle, the hottest prefixes and the creator ids' holds are the same as with the queue
+/// lifecycle, the hottest prefixes and the creator ids in use are the same as with the queue
 /// applied after every fill.
 #[test]
 fn deferred_work_ends_as_if_applied_at_once() {
@@ -179,9 +170,26 @@ fn deferred_work_ends_as_if_applied_at_once() {
     }
 }
 
+/// Sweeping the creator ids at every arrival (instead of when the table grew by half) frees
+/// ids sooner and hands them out again: no lifecycle's owner, no hottest prefix's creator and
+/// no count changes.
+#[test]
+fn sweeping_creator_ids_changes_nothing_shown() {
+    use super::super::blocks::SWEEP_OFTEN;
+    for seed in 0..200 {
+        let rare = varied(seed);
+        SWEEP_OFTEN.with(|c| c.set(true));
+        let often = varied(seed);
+        SWEEP_OFTEN.with(|c| c.set(false));
+        assert_eq!(often.0, rare.0, "seed {seed}");
+        assert_eq!(often.1, rare.1, "seed {seed}: lifecycles");
+        assert_eq!(often.2, rare.2, "seed {seed}: hottest");
+    }
+}
+
 /// A log of at most 8 or 32 records must grow, then move the lifecycles that hold its oldest
 /// records out of it, many times over a workload: every lifecycle, the hottest prefixes and
-/// the holds come out as with a log that never runs short.
+/// the evictions come out as with a log that never runs short.
 #[test]
 fn lifecycles_moved_out_of_a_short_log_are_the_same() {
     use super::super::lifecycle::SPILLS;
@@ -197,7 +205,7 @@ fn lifecycles_moved_out_of_a_short_log_are_the_same() {
                 2 + (seed % 3) as u32,
                 Some(max),
             );
-            // (The holds differ: a short log's tail passes records sooner and releases them.)
+            // (The ids in use differ: a short log's tail passes records sooner.)
             assert_eq!(
                 (short.0 .0, short.0 .1),
                 (big.0 .0, big.0 .1),
