@@ -14,6 +14,7 @@
 //! - times: `Admitted` (first scheduling), `Sampled` (first token), `Finished`.
 
 mod blocks;
+mod creators;
 mod deferred;
 mod divergence;
 mod hot;

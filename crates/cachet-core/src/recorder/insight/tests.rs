@@ -175,7 +175,7 @@ fn deferred_work_ends_as_if_applied_at_once() {
 /// no count changes.
 #[test]
 fn sweeping_creator_ids_changes_nothing_shown() {
-    use super::super::blocks::SWEEP_OFTEN;
+    use super::super::creators::SWEEP_OFTEN;
     for seed in 0..200 {
         let rare = varied(seed);
         SWEEP_OFTEN.with(|c| c.set(true));
