@@ -7,7 +7,7 @@
 //! Laid out for the step, which creates and drops entries at every block boundary, over the
 //! inspector, which is rare. What the step reads and writes of an entry is small and dense: its
 //! sibling links and children's head (16 bytes, [`Node`]), a byte of state bits, and its
-//! creator, an id into a small reference-counted table of labels ([`Creators`], so an entry
+//! creator, an id into a small table of labels ([`Creators`], swept now and then, so an entry
 //! costs no atomic reference count on a label that may have gone cold long ago). What only
 //! queries read (its hash, times, hits, depth, root key: one 64-byte line, [`Entry`]) and its
 //! tokens (one line for a 16-token block) are written whole past the caches when it is
@@ -217,10 +217,7 @@ impl BlockIndex {
     /// The creator ids live entries name (tests).
     #[cfg(test)]
     pub(crate) fn entry_creators(&self) -> Vec<u32> {
-        (0..self.nodes.len())
-            .filter(|&i| self.is_cached(i) && self.owner[i] != NONE)
-            .map(|i| self.owner[i])
-            .collect()
+        named(&self.state, &self.owner).collect()
     }
 
     /// Whether [`BlockIndex::create`] makes an entry in `block` from `ntokens` tokens.
@@ -299,8 +296,8 @@ impl BlockIndex {
     }
 
     /// `block` became the entry `hash` at `depth`, under `parent` (`None` at depth 0, or when
-    /// the parent's entry is not known: an orphan, in no sibling list), created by the holder of
-    /// `creator` (an id of [`BlockIndex::creators`], held once more by the entry).
+    /// the parent's entry is not known: an orphan, in no sibling list), created by the request
+    /// with the id `creator` of [`BlockIndex::creators`] (which the entry names from then on).
     #[cfg(test)]
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn created(
@@ -396,10 +393,8 @@ impl BlockIndex {
     /// A lookup found `block`: it becomes the most recently used of its siblings.
     pub(crate) fn hit(&mut self, block: BlockId, now: f64) {
         let i = block as usize;
+        // (Out of range: not cached.)
         if !self.is_cached(i) {
-            return;
-        }
-        if i >= self.nodes.len() {
             return;
         }
         let linked = self.is_linked(i);
@@ -450,12 +445,8 @@ impl BlockIndex {
     /// Sweep the creator ids ([`Creators::sweep`]): in use are the live entries' and those of
     /// `records` (the lifecycle log's).
     pub(crate) fn sweep_creators(&mut self, records: impl Iterator<Item = u32>) {
-        let entries: Vec<u32> = (0..self.owner.len())
-            .filter(|&i| self.is_cached(i))
-            .map(|i| self.owner[i])
-            .filter(|&o| o != NONE)
-            .collect();
-        self.creators.sweep(entries.into_iter().chain(records));
+        self.creators
+            .sweep(named(&self.state, &self.owner).chain(records));
     }
 
     /// Every entry was dropped.
@@ -579,6 +570,15 @@ impl BlockIndex {
         }
         v
     }
+}
+
+/// The creator ids the live entries name, by the blocks' `state` and `owner`.
+fn named<'a>(state: &'a [u8], owner: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+    state
+        .iter()
+        .zip(owner)
+        .filter(|&(&s, &o)| s & CACHED != 0 && o != NONE)
+        .map(|(_, &o)| o)
 }
 
 #[cfg(test)]

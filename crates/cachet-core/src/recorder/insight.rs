@@ -343,12 +343,16 @@ impl Insight {
     /// Release what a slot's state left holds (none: a finished request's is taken). Its
     /// records in the log are released when the log's tail passes them.
     fn drop_live(&mut self, (old, ids): (Chain, Ids)) {
-        if ids.creator != NONE {
-            if let Some(ix) = self.index.as_mut() {
-                ix.creators.finish(ids.creator);
-            }
-        }
+        self.finish_creator(&ids);
         self.log.drop_chain(&old);
+    }
+
+    /// The request whose `ids` these are ended: its creator id (if it took one) is no longer
+    /// live; its entries and records may still name it.
+    fn finish_creator(&mut self, ids: &Ids) {
+        if let (true, Some(ix)) = (ids.creator != NONE, self.index.as_mut()) {
+            ix.creators.finish(ids.creator);
+        }
     }
 
     /// Whether the 2x/4x estimates mean anything (a shadow set is kept).
@@ -583,11 +587,7 @@ impl Insight {
             .get_mut(slot as usize)
             .map(std::mem::take)
             .unwrap_or_default();
-        if ids.creator != NONE {
-            if let Some(ix) = self.index.as_mut() {
-                ix.creators.finish(ids.creator);
-            }
-        }
+        self.finish_creator(&ids);
         if !chain.on {
             return;
         }
@@ -683,5 +683,6 @@ impl Insight {
 }
 
 mod boundary;
+pub(crate) use boundary::Table;
 #[cfg(test)]
 pub(super) mod tests;

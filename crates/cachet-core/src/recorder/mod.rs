@@ -66,7 +66,7 @@ pub(crate) fn stream<T: Copy>(to: &mut T, v: T) {
     }
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `to` is valid for writes of `size_of::<T>()` bytes and 16-byte aligned (checked
-    // at compile time above), so each 16-byte half is an aligned `__m128i`; `v` is plain data
+    // at compile time above), so each 16-byte piece is an aligned `__m128i`; `v` is plain data
     // (`Copy`), read as such.
     unsafe {
         use std::arch::x86_64::{__m128i, _mm_stream_si128};
@@ -675,14 +675,18 @@ impl Recorder {
             } => {
                 self.totals.blocks_filled += kv.filled as u64;
                 self.stored(slot, kv, hashes, tokens);
+                let table = insight::Table {
+                    pool,
+                    blocks,
+                    hashes,
+                    tokens,
+                };
                 let Some(r) = self.records.get_mut(slot as usize).and_then(|r| r.as_mut()) else {
                     let label = Arc::from("");
-                    self.insight
-                        .filled(None, &label, pool, kv, hashes, tokens, blocks, now);
+                    self.insight.filled(None, &label, table, kv, now);
                     return;
                 };
-                self.insight
-                    .filled(Some(slot), &r.label, pool, kv, hashes, tokens, blocks, now);
+                self.insight.filled(Some(slot), &r.label, table, kv, now);
                 if !prefill || r.finalized {
                     return;
                 }

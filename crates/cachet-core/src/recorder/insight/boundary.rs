@@ -59,12 +59,6 @@ impl Insight {
                 return;
             }
         }
-        // A decode block's allocation that evicted one entry for it: one record (when both
-        // events fit the lifecycle).
-        let merged = new.len() == 1
-            && kv.evicted.len() == 1
-            && kv.evicted[0].block == new[0]
-            && life.is_some_and(|s| self.live[s as usize].chain.count() + 2 <= MAX_BLOCK_EVENTS);
         // The pool takes blocks in queue order and lists evictions as it goes: the evicted
         // blocks are a subsequence of the new ones, found with one walk (checked: otherwise by
         // search).
@@ -75,15 +69,7 @@ impl Insight {
         let mut p = 0;
         for e in &kv.evicted {
             let owner = self.index.as_mut().and_then(|ix| ix.evicted(e.block));
-            if let (Some(s), true) = (life, merged) {
-                let r = Rec::evicted_for(
-                    first_new as u32,
-                    e.block,
-                    wire_hash(&e.hash),
-                    owner.unwrap_or(NONE),
-                );
-                self.record(s, r);
-            } else if let Some(s) = life {
+            if let Some(s) = life {
                 let at = if in_order {
                     while new.get(p).is_some_and(|&x| x != e.block) {
                         p += 1;
@@ -120,7 +106,7 @@ impl Insight {
                 );
             }
         }
-        if let (Some(s), false) = (life, merged) {
+        if let Some(s) = life {
             for (j, &blk) in blocks.iter().enumerate().skip(first_new) {
                 self.record(
                     s,
@@ -156,37 +142,31 @@ impl Insight {
         }
     }
 
-    /// Blocks filled for a request; the `created` ones are new cache entries.
-    #[allow(clippy::too_many_arguments)]
+    /// Blocks filled for a request (`t`: its table); the `created` ones are new cache entries.
     pub(crate) fn filled(
         &mut self,
         slot: Option<u32>,
         label: &Arc<str>,
-        pool: &BlockPool,
+        t: Table<'_>,
         kv: &crate::kv_manager::KvEffects,
-        hashes: &[BlockHash],
-        tokens: &[TokenId],
-        blocks: &[BlockId],
         now: f64,
     ) {
         // A decode step's fill: one block, the request's newest, a new entry or not.
         let one = match (slot, kv.filled, &kv.created[..]) {
             (Some(s), 1, created @ ([] | [_])) if (s as usize) < self.live.len() => {
                 let j = (kv.committed_until / self.block_size).wrapping_sub(1);
-                match (blocks.get(j), hashes.get(j)) {
-                    (Some(&blk), Some(h)) if created.iter().all(|&c| c as usize == j) => {
-                        Some((s, j, blk, h, !created.is_empty()))
-                    }
-                    _ => None,
-                }
+                let fits = j < t.blocks.len() && j < t.hashes.len();
+                (fits && created.iter().all(|&c| c as usize == j)).then_some((
+                    s,
+                    j,
+                    !created.is_empty(),
+                ))
             }
             _ => None,
         };
         match one {
-            Some((s, j, blk, h, created)) => self.filled_one(
-                s, label, pool, j, blk, h, created, hashes, tokens, blocks, now,
-            ),
-            None => self.filled_any(slot, label, pool, kv, hashes, tokens, blocks, now),
+            Some((s, j, created)) => self.filled_one(s, label, t, j, created, now),
+            None => self.filled_any(slot, label, t, kv, now),
         }
         #[cfg(test)]
         if tests::IMMEDIATE.with(|c| c.get()) {
@@ -194,36 +174,34 @@ impl Insight {
         }
     }
 
-    /// [`Insight::filled`] of the block at `j` (`blk`, hash `h`) alone, for the live request
-    /// in `slot` (`created`: it became a new entry).
-    #[allow(clippy::too_many_arguments)]
+    /// [`Insight::filled`] of the block at `j` of the table alone (in it and hashed), for the
+    /// live request in `slot` (`created`: it became a new entry).
     #[inline]
     fn filled_one(
         &mut self,
         slot: u32,
         label: &Arc<str>,
-        pool: &BlockPool,
+        t: Table<'_>,
         j: usize,
-        blk: BlockId,
-        h: &BlockHash,
         created: bool,
-        hashes: &[BlockHash],
-        tokens: &[TokenId],
-        blocks: &[BlockId],
         now: f64,
     ) {
+        let (Some(&blk), Some(h)) = (t.blocks.get(j), t.hashes.get(j)) else {
+            return;
+        };
         let b = self.block_size;
         let wire = wire_hash(h);
-        if let (true, Some(ix), Some(toks)) =
-            (created, self.index.as_mut(), tokens.get(j * b..(j + 1) * b))
-        {
+        if let (true, Some(ix), Some(toks)) = (
+            created,
+            self.index.as_mut(),
+            t.tokens.get(j * b..(j + 1) * b),
+        ) {
             let r = &mut self.live[slot as usize].ids;
             if r.creator == NONE {
                 r.creator = ix.creators.acquire(label);
             }
-            let parent = parent_of(Some(r), pool, blocks, hashes, j);
-            let made = ix.takes(blk, b);
-            if made {
+            let parent = parent_of(Some(r), t, j);
+            if ix.takes(blk, b) {
                 self.pending.push_create(
                     blk, wire, j as u32, parent, toks, r.root_key, r.creator, now,
                 );
@@ -236,16 +214,12 @@ impl Insight {
     }
 
     /// [`Insight::filled`], any blocks.
-    #[allow(clippy::too_many_arguments)]
     fn filled_any(
         &mut self,
         slot: Option<u32>,
         label: &Arc<str>,
-        pool: &BlockPool,
+        t: Table<'_>,
         kv: &crate::kv_manager::KvEffects,
-        hashes: &[BlockHash],
-        tokens: &[TokenId],
-        blocks: &[BlockId],
         now: f64,
     ) {
         let b = self.block_size;
@@ -267,17 +241,18 @@ impl Insight {
             let temporary = ids.is_none();
             for &i in &kv.created {
                 let i = i as usize;
-                let (Some(&blk), Some(&h), Some(toks)) =
-                    (blocks.get(i), hashes.get(i), tokens.get(i * b..(i + 1) * b))
-                else {
+                let (Some(&blk), Some(h), Some(toks)) = (
+                    t.blocks.get(i),
+                    t.hashes.get(i),
+                    t.tokens.get(i * b..(i + 1) * b),
+                ) else {
                     continue;
                 };
-                let parent = parent_of(ids.as_deref(), pool, blocks, hashes, i);
-                let made = ix.takes(blk, toks.len());
-                if made {
+                let parent = parent_of(ids.as_deref(), t, i);
+                if ix.takes(blk, toks.len()) {
                     self.pending.push_create(
                         blk,
-                        wire_hash(&h),
+                        wire_hash(h),
                         i as u32,
                         parent,
                         toks,
@@ -303,8 +278,8 @@ impl Insight {
                     slot,
                     Rec::filled(
                         j as u32,
-                        blocks.get(j).copied(),
-                        hashes.get(j).map(wire_hash),
+                        t.blocks.get(j).copied(),
+                        t.hashes.get(j).map(wire_hash),
                         kv.created.contains(&(j as u32)),
                     ),
                 );
@@ -313,23 +288,28 @@ impl Insight {
     }
 }
 
-/// The parent entry of a new entry at `i` of a request's block table (`ids`: the request's,
+/// A request's side of a fill: its block table, the hashes and tokens of its prompt and output
+/// so far, and the pool its blocks are in.
+#[derive(Clone, Copy)]
+pub(crate) struct Table<'a> {
+    pub(crate) pool: &'a BlockPool,
+    pub(crate) blocks: &'a [BlockId],
+    pub(crate) hashes: &'a [BlockHash],
+    pub(crate) tokens: &'a [TokenId],
+}
+
+/// The parent entry of a new entry at `i` of a request's table `t` (`ids`: the request's,
 /// when it lives): usually the request's own block before it; a block the request recomputed
 /// while the entry lived elsewhere is found by hash. `NONE` at depth 0; without one found, the
 /// new entry is an orphan (`NONE` too: a sentinel id no block has). (The pool's view: the
 /// index, once what is queued is applied, agrees.)
 #[inline]
-fn parent_of(
-    ids: Option<&Ids>,
-    pool: &BlockPool,
-    blocks: &[BlockId],
-    hashes: &[BlockHash],
-    i: usize,
-) -> BlockId {
+fn parent_of(ids: Option<&Ids>, t: Table<'_>, i: usize) -> BlockId {
     let Some(p) = i.checked_sub(1) else {
         return NONE;
     };
-    match (blocks.get(p), hashes.get(p)) {
+    let pool = t.pool;
+    match (t.blocks.get(p), t.hashes.get(p)) {
         (Some(&pb), Some(_ph)) if ids.is_some_and(|r| r.own == Some((p as u32, pb))) => {
             #[cfg(test)]
             {

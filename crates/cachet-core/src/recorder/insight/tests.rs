@@ -170,7 +170,7 @@ fn deferred_work_ends_as_if_applied_at_once() {
     }
 }
 
-/// Sweeping the creator ids at every arrival (instead of when the table grew by half) frees
+/// Sweeping the creator ids at every arrival (instead of when the table has doubled) frees
 /// ids sooner and hands them out again: no lifecycle's owner, no hottest prefix's creator and
 /// no count changes.
 #[test]
