@@ -59,7 +59,7 @@ bench:
 peer:
 	scripts/peer/build-llama.sh
 
-## cachet vs llama-server on the same model, same threads; writes docs/benchmarks.md.
+## cachet vs llama-server on the same model, same threads; writes a run file under docs/bench-runs/.
 bench-compare: model build peer
 	$(BIN) bench compare
 

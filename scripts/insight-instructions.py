@@ -8,7 +8,7 @@ do not move: this runs `examples/steptime` (1,000 decodes, 10,000 steps) under
 the instructions the insight adds per step and per block filled (each a block boundary of one
 request: the unit the insight's per-step work comes in), and the functions that add them.
 With everything in cache (100 decodes) the insight still costs 6-10 % of the step, so most of
-its cost is executing these instructions (docs/benchmarks.md, twenty-sixth session): a change
+its cost is executing these instructions (docs/bench-runs/2026-12-07-icelake-insight-instructions.md): a change
 that lowers them lowers the cost; cache misses come on top.
 
     cargo build --release -p cachet-engine --example steptime

@@ -30,8 +30,7 @@
 //!   request's rejections are single mismatches (the model changes one constant) after which
 //!   the copy resumes: cutting its limit to `a + 1` at once took 2.60 tokens per step on
 //!   `cachet bench spec`'s edit workload, this rule 3.06, while a request that has
-//!   never had a draft taken keeps its one-token probes (docs/benchmarks.md, "Speculative
-//!   decoding");
+//!   never had a draft taken keeps its one-token probes (docs/bench-runs/2026-12-05-xeon-amx-spec-*.md);
 //! * **fewer drafts**: after `m >= 2` consecutive drafts with nothing accepted it passes over its
 //!   next `2^(m-1) - 1` proposals (at most [`MAX_SKIP`]); its first accepted token ends the
 //!   streak.

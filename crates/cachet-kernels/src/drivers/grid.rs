@@ -16,7 +16,7 @@ pub(crate) struct TaskGrid {
 /// groups all the way through, instead of four tasks per thread taken from a shared counter,
 /// each of which starts on weights not prefetched. Measured on an Intel Xeon (2 threads,
 /// `examples/perf` `MODEL=`, the default model's whole matmul set, 3–6 interleaved pairs per
-/// size; docs/benchmarks.md §4, fourteenth session): 6–11 % less time at m = 1, 2, 4, 8 and 16
+/// size; docs/bench-runs/2026-12-05-xeon-amx-small-batches.md): 6–11 % less time at m = 1, 2, 4, 8 and 16
 /// on AVX-512 (4–9 % on AVX2), 2 % at m = 6, 6–8 % at m = 24, 32 and 48 (3–8 % on AVX2); at
 /// m = 64 the same on AVX-512 (−6 % on AVX2) and at 128 the same on both, so larger batches
 /// keep the finer split, which balances better and slices long prefills.

@@ -300,7 +300,7 @@ const PF_TILES: usize = 4;
 /// interleaved pairs: 64-row slices against one slice of all 512 rows took the median of
 /// 576 × 576 from 705 to 637 µs, 576 × 1536 from 1,670 to 1,453 µs and 1536 × 576 from
 /// 1,479 to 1,452 µs at the AVX-512 level, and lost nothing at the AVX2 level; 128-row slices
-/// were slower than 64 for the whole model, 32 and 16 no faster (docs/benchmarks.md §4). The
+/// were slower than 64 for the whole model, 32 and 16 no faster (docs/bench-runs/2026-12-02-*.md). The
 /// AMX driver cuts its rows the same way ([`matmul_amx_with`]).
 const SPLIT_ROWS: usize = 64;
 

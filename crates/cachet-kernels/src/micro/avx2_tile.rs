@@ -105,7 +105,7 @@ unsafe fn tile_body<
     // every second step: the second pass reads its lines from L1, so with every prefetch
     // issued in the first one the memory idled through it (the default model's matmul set at
     // m = 1 to 6, one and two threads, 5–10 % faster on an Intel Xeon Ice Lake; docs/
-    // benchmarks.md §4, twenty-third session). Pairs walked by several tiles keep the split of
+    // bench-runs/2026-12-06-icelake-kernel-vs-llama.md). Pairs walked by several tiles keep the split of
     // `TileJob::prefetch_every`, in the first pass, and the loop they had before (a separate
     // instance: with the choice made inside the loop, the Q8_0 lm_head at batch 16 took 14–19 %
     // longer in `cachet bench kernel`'s phase table, against the unchanged o/ffn).

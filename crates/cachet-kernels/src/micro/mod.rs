@@ -58,13 +58,13 @@ pub(crate) const MR: usize = 4;
 /// each unpacked weight vector then serves 8 rows instead of 4 (8 rows × 2 groups are 16 int32
 /// and 16 f32 accumulators, which with the operands exceed the 32 `zmm` registers a little).
 /// Measured on an Intel Xeon (AMX, AVX-512 VNNI, 2 threads, `CACHET_ISA=avx512`, interleaved
-/// against 4-row tiles; docs/benchmarks.md §4, fifteenth session): the default model's matmul
+/// against 4-row tiles; docs/bench-runs/2026-12-05-xeon-amx-kernel-vs-llama.md): the default model's matmul
 /// set 8–20 % faster at m = 5 to 32 (`MODEL=… examples/perf`, 4 rounds, one of them
 /// disturbed), Q4_0, Q4_1, Q4_K and Q6_K matrices 2–10 % faster at m = 16 and 512 on one
 /// thread, but the Q8_0 lm_head 35–40 % slower at m = 16 (so Q8_0 keeps 4 rows); `cachet bench
 /// kernel` decode batch 8 +2 to +14 % and batch 16 +2 to +5 % (5 of 5 pairs each), prefill
 /// +5 % (3 of 4). On an AMD EPYC (Zen 5) an 8-row × 2-group tile measured 35–60 % slower at
-/// m = 16 on 2026-12-01 (docs/benchmarks-kernels.md, "Tiles at batch 16"), so other CPUs keep
+/// m = 16 on 2026-12-01 (docs/bench-runs/2026-12-01-epyc-tiles-batch16.md), so other CPUs keep
 /// 4 rows until measured.
 pub(crate) const MR_512: usize = 8;
 
@@ -73,7 +73,7 @@ pub(crate) const MR_512: usize = 8;
 /// load serve 6 rows instead of 4, and m = 5 or 6 (a token and its drafts) is one tile instead
 /// of 4 + 1 or 4 + 2. Each output row is the same operations in the same order as in a 4-row
 /// tile (a unit test holds them bit-identical). Measured on an Intel Xeon (`CACHET_ISA=avx2`,
-/// docs/benchmarks.md §4, eighteenth session), against 4-row tiles: the default model's matmul
+/// docs/bench-runs/2026-12-06-xeon-amx-avx2-6row-tiles.md), against 4-row tiles: the default model's matmul
 /// set (`MODEL=… examples/perf`, 2 threads, interleaved rounds) m = 16 15.8–17.9 → 14.3–15.5
 /// ms, m = 32 29.3–33.3 → 27.5–29.7, m = 512 430–433 → 416–422, m = 5, 6 and 8 inside the
 /// noise; single 4-bit matrices at m = 6 5–10 % faster, at m = 16 the same (one thread, in
@@ -512,7 +512,7 @@ impl AttnCtx<'_> {
     /// the current one is computed. Measured (`examples/perf`, one thread): batched decode
     /// over 53 MB of KV 5-9 % faster; a 768 KB context already in cache about 10 % slower.
     /// Serving reads KV from DRAM (a step's weights alone are three times the L3 cache). Into
-    /// L2 rather than L1 since the eighteenth session (docs/benchmarks.md): 1-2 % on a decode
+    /// L2 rather than L1 since the eighteenth session (docs/bench-runs/2026-12-06-xeon-amx-served-step-phases.md): 1-2 % on a decode
     /// token's drafts (`DRAFT_ATTN=5@1500 LAYERS=120`), prefill the same.
     #[inline]
     pub(crate) fn prefetch(&self, c0: usize, n: usize, span: usize) {
