@@ -17,10 +17,9 @@
 //! * [`request`]: requests as the engine trusts them (validated once, against
 //!   [`request::RequestLimits`]).
 //!
-//! The model sits behind [`exec::Executor`]; external KV tiers behind [`connector::KvLookup`].
+//! The model sits behind [`exec::Executor`]; external KV tiers behind [`tier::KvLookup`].
 
 pub mod block_pool;
-pub mod connector;
 pub mod events;
 pub mod exec;
 pub mod hash;
@@ -30,6 +29,7 @@ pub mod recorder;
 pub mod request;
 pub mod scheduler;
 pub mod sessions;
+pub mod tier;
 pub use scheduler::spec;
 pub mod stats;
 

@@ -10,11 +10,11 @@
 use std::sync::Arc;
 
 use crate::block_pool::BlockPool;
-use crate::connector::TierTag;
 use crate::hash::BlockHash;
 use crate::kv_manager::KvEffects;
 use crate::request::FinishReason;
 use crate::sessions::SessionInfo;
+use crate::tier::TierTag;
 use crate::{BlockId, TokenId};
 
 /// What the scheduler found when it looked a request's prompt up (first admission, or

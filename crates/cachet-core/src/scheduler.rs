@@ -18,7 +18,6 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::block_pool::Evicted;
-use crate::connector::{KvLoadRequest, KvLookup, TierTag};
 use crate::exec::Sampled;
 use crate::hash::{BlockHash, ExtraKeys, HashSeed};
 use crate::kv_manager::{KvCacheManager, KvEffects, ReqKv};
@@ -27,6 +26,7 @@ use crate::recorder::Report;
 use crate::request::{FinishReason, SamplingParams, ValidRequest};
 use crate::sessions::{SessionInfo, SessionTable};
 use crate::stats::{Gauges, SpecDecodeCounts};
+use crate::tier::{KvLoadRequest, KvLookup, TierTag};
 use crate::{BlockId, TokenId};
 
 #[path = "fork.rs"]

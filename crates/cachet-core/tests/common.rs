@@ -4,9 +4,9 @@
 
 use std::collections::HashMap;
 
-use cachet_core::connector::KvLookup;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{CounterTotals, FinishedRequestStats, PrefillStats};
+use cachet_core::tier::KvLookup;
 use cachet_core::{
     ExecBatch, ExecOutput, FinishReason, HashSeed, Recorder, RequestDraft, Sampled, SamplingParams,
     Scheduler, SchedulerConfig,

@@ -4,9 +4,9 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::TierTag;
 use cachet_core::recorder::{BlockEventKind, InsightConfig, Report};
 use cachet_core::stats::MissTokens;
+use cachet_core::tier::TierTag;
 use cachet_core::{FinishReason, RequestDraft};
 
 fn toks(start: u32, n: u32) -> Vec<u32> {

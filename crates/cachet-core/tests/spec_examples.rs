@@ -4,7 +4,7 @@
 mod common;
 use common::*;
 
-use cachet_core::connector::TierTag;
+use cachet_core::tier::TierTag;
 
 /// A block the (fake) Redis tier supplied.
 const R: Option<TierTag> = Some(TierTag::Redis);

@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use cachet_core::connector::{KvLookup, TierTag};
 use cachet_core::events::EventBatch;
 use cachet_core::exec::{recycle_seqs, BlockLoad, Executor, SeqChunk};
 use cachet_core::recorder::InsightConfig;
 use cachet_core::scheduler::{AddError, RequestUpdate, SchedulerOutput};
 use cachet_core::stats::{DeltaTracker, FinishedRequestStats};
+use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::{
     BlockHash, BlockId, ExecError, FinishReason, HashSeed, Recorder, Scheduler, SchedulerConfig,
     ValidRequest,

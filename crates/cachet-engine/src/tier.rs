@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::BlockHash;
 
 /// One block's KV as the executor saved it.

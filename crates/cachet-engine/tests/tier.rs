@@ -139,7 +139,7 @@ fn a_failed_load_is_computed_and_the_output_is_unchanged() {
         inner: MemoryTier,
         victim: Option<cachet_core::BlockHash>,
     }
-    impl cachet_core::connector::KvLookup for Vanishing {
+    impl cachet_core::tier::KvLookup for Vanishing {
         fn lookup(&mut self, hashes: &[cachet_core::BlockHash]) -> usize {
             let n = self.inner.lookup(hashes);
             self.victim = hashes.get(2).copied();

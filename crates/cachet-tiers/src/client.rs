@@ -118,7 +118,7 @@ impl Shared {
 }
 
 /// The scheduler's view: how many leading blocks the tiers hold.
-impl cachet_core::connector::KvLookup for TierClient {
+impl cachet_core::tier::KvLookup for TierClient {
     fn lookup(&mut self, hashes: &[BlockHash]) -> usize {
         TierClient::lookup(self, hashes).len()
     }

@@ -15,7 +15,7 @@
 
 use std::collections::HashMap;
 
-use cachet_core::connector::{KvLookup, TierTag};
+use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::BlockHash;
 use cachet_engine::tier::{self, KvTier, LoadFailure, LoadTicket, SaveOn, SaveReason};
 

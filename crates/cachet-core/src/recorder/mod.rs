@@ -32,12 +32,12 @@ pub use insight::{
     MAX_BLOCK_EVENTS, RECENT_REQUESTS,
 };
 
-use crate::connector::TierTag;
 use crate::events::{CacheEvent, EventCause, Medium};
 use crate::observe::{Effect, Lookup, Observer};
 use crate::stats::{
     CounterTotals, FinishedRequestStats, MissTokens, PrefillStats, RequestTimes, TenantTotals,
 };
+use crate::tier::TierTag;
 use insight::{Insight, RequestInsight};
 
 /// Hint the CPU to load the cache line holding `v` (no effect on results).
