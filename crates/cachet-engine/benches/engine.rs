@@ -84,7 +84,7 @@ fn one(c: &mut Criterion, name: &str, telemetry: bool, insight: InsightConfig) {
 
 /// One workload of the interleaved comparison.
 struct Runner {
-    core: cachet_engine::core_loop::EngineCore<cachet_engine::sim::SimExecutor>,
+    core: cachet_engine::step::EngineCore<cachet_engine::sim::SimExecutor>,
     next: u64,
     t: f64,
 }

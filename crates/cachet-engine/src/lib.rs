@@ -1,6 +1,6 @@
 //! The engine around the pure core.
 //!
-//! * [`core_loop::EngineCore`]: one step (resolve loads → plan → offload → execute → update →
+//! * [`step::EngineCore`]: one step (resolve loads → plan → offload → execute → update →
 //!   save → report), shared by the threaded engine and the offline API.
 //! * [`start_engine`] spawns the core thread (`thread`), which owns the core and the executor;
 //!   [`EngineHandle`] is the async handle the server uses, [`RequestStream`] one request's
@@ -15,11 +15,11 @@
 //! strings) is `cachet-text`'s, held by the server.
 //! * Stat loggers ([`StatLogger`]) receive one [`StepStats`] per step with per-interval deltas.
 
-pub mod core_loop;
 mod handle;
 pub mod inspect;
 pub mod offline;
 pub mod sim;
+pub mod step;
 mod thread;
 pub mod tier;
 
@@ -41,7 +41,7 @@ pub use handle::{
     RequestStream,
 };
 
-use core_loop::{CoreOptions, EngineCore};
+use step::{CoreOptions, EngineCore};
 
 /// What a stat logger receives after each step that changed anything.
 #[derive(Clone, Debug, Default)]

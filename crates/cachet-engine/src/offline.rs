@@ -7,7 +7,7 @@ use cachet_core::stats::{CounterDeltas, PrefillStats};
 use cachet_core::{ExecError, FinishReason, RequestDraft, SchedulerConfig, TokenId};
 use serde::Serialize;
 
-use crate::core_loop::{CoreOptions, EngineCore};
+use crate::step::{CoreOptions, EngineCore};
 use crate::{StatLogger, StepStats};
 
 /// The result of one request.

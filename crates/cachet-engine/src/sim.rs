@@ -387,7 +387,7 @@ pub fn insight_without(ablate: &str) -> cachet_core::recorder::InsightConfig {
 
 /// Validate and add request `i` of the decode workload under handle `i`.
 pub fn add_decode_workload_request(
-    core: &mut crate::core_loop::EngineCore<SimExecutor>,
+    core: &mut crate::step::EngineCore<SimExecutor>,
     i: u64,
 ) -> Option<u32> {
     let limits = core.scheduler().config().limits();
@@ -397,7 +397,7 @@ pub fn add_decode_workload_request(
 
 /// An engine core for that workload with `n` requests running (one prefill step taken):
 /// `16 n` blocks, `n` sequences, zero model cost, the last-position read of the simulator.
-pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::core_loop::EngineCore<SimExecutor> {
+pub fn decode_workload_core(n: u64, telemetry: bool) -> crate::step::EngineCore<SimExecutor> {
     decode_workload_core_with(n, telemetry, cachet_core::recorder::InsightConfig::off())
 }
 
@@ -406,7 +406,7 @@ pub fn decode_workload_core_with(
     n: u64,
     telemetry: bool,
     insight: cachet_core::recorder::InsightConfig,
-) -> crate::core_loop::EngineCore<SimExecutor> {
+) -> crate::step::EngineCore<SimExecutor> {
     let cfg = cachet_core::SchedulerConfig {
         num_blocks: 16 * n as usize,
         max_num_seqs: n as usize,
@@ -419,10 +419,10 @@ pub fn decode_workload_core_with(
         full_context_check: false,
         ..Default::default()
     });
-    let mut core = crate::core_loop::EngineCore::new(
+    let mut core = crate::step::EngineCore::new(
         cfg,
         sim,
-        crate::core_loop::CoreOptions {
+        crate::step::CoreOptions {
             telemetry,
             insight,
             ..Default::default()

@@ -12,8 +12,8 @@ use cachet_core::scheduler::RequestUpdate;
 use cachet_core::{Executor, FinishReason};
 use tokio::sync::mpsc;
 
-use crate::core_loop::EngineCore;
 use crate::handle::{Command, EngineFailure, EngineState, RequestHandle, RequestOutput, Shared};
+use crate::step::EngineCore;
 
 /// Where each live request's outputs go: by the core's slot (updates name slots), and the
 /// handle → slots map for commands (clients name handles; a request forked into n sequences

@@ -1,4 +1,4 @@
-//! The engine's side of an external KV tier: what [`crate::core_loop::EngineCore`] needs to
+//! The engine's side of an external KV tier: what [`crate::step::EngineCore`] needs to
 //! look blocks up, load them without blocking the step, and save blocks behind the step.
 //!
 //! `cachet-tiers` implements it for the host-memory LRU and Redis; [`MemoryTier`] is a plain

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig, ValidRequest};
-use cachet_engine::core_loop::CoreOptions;
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::CoreOptions;
 use cachet_engine::{
     start_engine, AddError, AddRequestError, CounterDeltas, EngineConfig, EngineFailure,
     EngineHandle, EngineState, FinishedRequestStats, ModelInfo, RequestOutput, RequestStream,

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use cachet_core::events::CacheEvent;
 use cachet_core::scheduler::SchedulerOutput;
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig, SchedulingPolicy};
-use cachet_engine::core_loop::{CoreOptions, EngineCore};
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::{CoreOptions, EngineCore};
 use cachet_engine::{FinishedRequestStats, StatLogger, StepStats};
 use proptest::prelude::*;
 

@@ -4,8 +4,8 @@
 //! wrote into its own) would continue differently from a fresh request with the same tokens.
 
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::{CoreOptions, EngineCore};
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::{CoreOptions, EngineCore};
 
 const B: usize = 16;
 

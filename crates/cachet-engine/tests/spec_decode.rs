@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use cachet_core::events::CacheEvent;
 use cachet_core::spec::SpecConfig;
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::{CoreOptions, EngineCore};
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::{CoreOptions, EngineCore};
 use cachet_engine::{FinishedRequestStats, StatLogger, StepStats};
 use proptest::prelude::*;
 

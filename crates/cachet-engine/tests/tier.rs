@@ -4,9 +4,9 @@
 //! rest — with the same output as A, and the accounting of spec §2-§3 and §6.
 
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::{CoreOptions, EngineCore};
 use cachet_engine::offline::TotalsLogger;
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::{CoreOptions, EngineCore};
 use cachet_engine::tier::{KvTier, MemoryTier};
 use cachet_engine::CounterDeltas;
 

@@ -95,7 +95,7 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-type Sinks = Vec<Box<dyn cachet_engine::core_loop::EventSink>>;
+type Sinks = Vec<Box<dyn cachet_engine::step::EventSink>>;
 
 /// Where the engine's KV cache events go: the ZMQ publisher of `--kv-events-config` (vLLM's
 /// wire format), and the bounded log behind `GET /v1/cache/events`.
@@ -166,7 +166,7 @@ fn serve(
         built.engine,
         built.executor,
         built.model,
-        cachet_engine::core_loop::CoreOptions {
+        cachet_engine::step::CoreOptions {
             loggers,
             event_sinks,
             insight: engine.insight(),

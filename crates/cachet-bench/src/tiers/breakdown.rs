@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use cachet_core::exec::{BlockLoad, ExecBatch};
 use cachet_core::{Executor, RequestDraft, SamplingParams, SchedulerConfig};
-use cachet_engine::core_loop::{CoreOptions, EngineCore};
+use cachet_engine::step::{CoreOptions, EngineCore};
 use cachet_engine::tier::KvTier;
 use cachet_model::executor::{ExecutorConfig, KvDtype, LlamaExecutor};
 use cachet_model::LoadedModel;

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
 use axum::http::Request;
-use cachet_engine::core_loop::CoreOptions;
+use cachet_engine::step::CoreOptions;
 use cachet_engine::sim::{SimConfig, SimExecutor};
 use cachet_engine::{start_engine, EngineConfig, ModelInfo, SchedulerConfig};
 use cachet_server::{router, AppState, CacheConfigInfo, MetricsHandle, ServerArgs};

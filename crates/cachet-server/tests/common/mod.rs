@@ -10,8 +10,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::Router;
-use cachet_engine::core_loop::CoreOptions;
 use cachet_engine::sim::{SimConfig, SimExecutor};
+use cachet_engine::step::CoreOptions;
 use cachet_engine::{start_engine, EngineConfig, EngineHandle, ModelInfo, SchedulerConfig};
 use cachet_server::{router, AppState, CacheConfigInfo, MetricsHandle, ServerArgs};
 use cachet_text::{ByteTokenizer, TextTokenizer};
@@ -103,7 +103,7 @@ pub fn start(opts: Opts) -> Harness {
         ..Default::default()
     };
     let metrics = MetricsHandle::new(MODEL, opts.max_model_len, cache);
-    let mut event_sinks: Vec<Box<dyn cachet_engine::core_loop::EventSink>> = Vec::new();
+    let mut event_sinks: Vec<Box<dyn cachet_engine::step::EventSink>> = Vec::new();
     let event_log = (opts.event_log > 0).then(|| {
         let log = Arc::new(cachet_kv_events::EventLog::new(opts.event_log));
         let sink = Arc::clone(&log);
