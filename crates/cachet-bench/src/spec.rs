@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use cachet_core::spec::{SpecConfig, SpecDecodeStats};
+use cachet_core::spec_decode::{SpecConfig, SpecDecodeStats};
 use cachet_core::{
     Executor, HashSeed, RequestDraft, SamplingParams, Scheduler, SchedulerConfig, TokenId,
 };
@@ -316,7 +316,7 @@ fn proposer_us(tokens: &[TokenId], spec: &SpecConfig) -> f64 {
     let start = Instant::now();
     let mut found = 0;
     for _ in 0..calls {
-        found += cachet_core::spec::propose_ngram(
+        found += cachet_core::spec_decode::propose_ngram(
             std::hint::black_box(&t),
             spec.prompt_lookup_min,
             spec.prompt_lookup_max,

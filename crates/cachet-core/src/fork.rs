@@ -7,7 +7,7 @@ use crate::kv_manager::ReqKv;
 use crate::observe::{Effect, Observer};
 use crate::request::SamplingParams;
 
-use super::spec::SpecState;
+use super::spec_decode::SpecState;
 
 /// The sampling of sequences `1..n` of a request (made at arrival, before any token is
 /// accepted): sequence `i` draws with the seed + `i` and a constraint of its own.

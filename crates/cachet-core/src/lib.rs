@@ -30,7 +30,7 @@ pub mod request;
 pub mod scheduler;
 pub mod sessions;
 pub mod tier;
-pub use scheduler::spec;
+pub use scheduler::spec_decode;
 pub mod stats;
 
 pub use block_pool::BlockPool;

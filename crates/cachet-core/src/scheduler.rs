@@ -31,12 +31,12 @@ use crate::{BlockId, TokenId};
 
 #[path = "fork.rs"]
 mod fork;
-#[path = "spec.rs"]
-pub mod spec;
+#[path = "spec_decode.rs"]
+pub mod spec_decode;
 #[path = "step.rs"]
 mod step;
 
-use spec::{SpecConfig, SpecDecodeStats, SpecState};
+use spec_decode::{SpecConfig, SpecDecodeStats, SpecState};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SchedulingPolicy {
@@ -562,9 +562,9 @@ impl<O: Observer> Scheduler<O> {
                 let mut drafts = 0;
                 if let Some(r) = self.slots[slot as usize].as_mut() {
                     if let Some(sc) = &self.cfg.speculative {
-                        if n == 1 && spec::eligible(r) {
+                        if n == 1 && spec_decode::eligible(r) {
                             let slots = r.kv.blocks.len() * self.cfg.block_size;
-                            drafts = spec::plan(sc, &self.cfg, r, slots, budget - 1);
+                            drafts = spec_decode::plan(sc, &self.cfg, r, slots, budget - 1);
                         }
                     }
                     out.chunks.push(ScheduledChunk {

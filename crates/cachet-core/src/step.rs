@@ -2,8 +2,8 @@
 //! produced (advance computed tokens, commit full blocks, append sampled tokens, fork, stop).
 //! A child module of the scheduler.
 
-use super::spec;
-use super::spec::SpecDecodeStats;
+use super::spec_decode;
+use super::spec_decode::SpecDecodeStats;
 use super::{RequestUpdate, Scheduler, SchedulerOutput, Status};
 use crate::exec::{ExecBatch, ExecOutput, PromptLogprobsSpec, SampleSpec, SeqChunk};
 use crate::hash::BlockHash;
@@ -136,7 +136,7 @@ impl<O: Observer> Scheduler<O> {
                     extra = spec.swap_remove(k).1;
                 }
                 let drafts = r.spec.buf.get(1..=chunk.drafts).unwrap_or(&[]);
-                let a = spec::accepted(drafts, &sampled, &extra);
+                let a = spec_decode::accepted(drafts, &sampled, &extra);
                 extra.truncate(a);
                 if let Some(sc) = &self.cfg.speculative {
                     r.spec.record(sc, chunk.drafts, a);

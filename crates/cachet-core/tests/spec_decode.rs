@@ -4,7 +4,7 @@
 
 use cachet_core::exec::{ExecBatch, ExecOutput, Sampled};
 use cachet_core::scheduler::{ScheduledChunk, SchedulerOutput};
-use cachet_core::spec::{SpecConfig, SpecDecodeStats};
+use cachet_core::spec_decode::{SpecConfig, SpecDecodeStats};
 use cachet_core::stats::{PrefillStats, SpecDecodeCounts};
 use cachet_core::{
     FinishReason, HashSeed, Recorder, RequestDraft, SamplingParams, Scheduler, SchedulerConfig,

@@ -58,7 +58,7 @@ pub struct StepStats {
     /// Hit rates since the start, measured and estimated for larger pools.
     pub hit_rates: HitRates,
     /// Speculative decoding: this step's drafts (zero with speculation off).
-    pub spec: cachet_core::spec::SpecDecodeStats,
+    pub spec: cachet_core::spec_decode::SpecDecodeStats,
 }
 
 /// Observes the engine. Called on the engine thread: keep it cheap, never block.

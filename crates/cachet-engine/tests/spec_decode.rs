@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use cachet_core::events::CacheEvent;
-use cachet_core::spec::SpecConfig;
+use cachet_core::spec_decode::SpecConfig;
 use cachet_core::{FinishReason, RequestDraft, SamplingParams, SchedulerConfig};
 use cachet_engine::sim::{SimConfig, SimExecutor};
 use cachet_engine::step::{CoreOptions, EngineCore};
@@ -256,7 +256,7 @@ proptest! {
             }
         }
         let mut totals = cachet_engine::CounterDeltas::default();
-        let mut spec_tot = cachet_core::spec::SpecDecodeStats::default();
+        let mut spec_tot = cachet_core::spec_decode::SpecDecodeStats::default();
         for s in &on.steps {
             prop_assert!(s.deltas.prefix_cache_hits <= s.deltas.prefix_cache_queries);
             totals.accumulate(&s.deltas);
@@ -326,7 +326,7 @@ fn a_repetitive_workload_drafts_and_accepts() {
         })
         .collect();
     let r = run(&arrivals, config(60, 32, spec(4, 1, 3)), 2, false);
-    let mut st = cachet_core::spec::SpecDecodeStats::default();
+    let mut st = cachet_core::spec_decode::SpecDecodeStats::default();
     for s in &r.steps {
         st.num_drafts += s.spec.num_drafts;
         st.num_accepted_tokens += s.spec.num_accepted_tokens;

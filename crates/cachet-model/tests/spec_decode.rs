@@ -3,7 +3,7 @@
 //! without prompt-lookup drafts, seeded sampled text identical, and drafts really accepted on
 //! a copying prompt.
 
-use cachet_core::spec::{SpecConfig, SpecDecodeStats};
+use cachet_core::spec_decode::{SpecConfig, SpecDecodeStats};
 use cachet_core::{
     Executor, HashSeed, RequestDraft, SamplingParams, Scheduler, SchedulerConfig, TokenId,
 };

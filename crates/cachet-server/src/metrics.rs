@@ -299,7 +299,7 @@ struct EngineMetrics {
 type SpecCounter = (
     &'static str,
     &'static str,
-    fn(&cachet_core::spec::SpecDecodeStats) -> u64,
+    fn(&cachet_core::spec_decode::SpecDecodeStats) -> u64,
 );
 
 /// Speculative decoding (`--speculative ngram`), vLLM's names; zero without speculation.

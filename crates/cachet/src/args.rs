@@ -124,9 +124,9 @@ pub struct EngineArgs {
 
 impl EngineArgs {
     /// The speculative decoding settings (`None`: off).
-    pub fn spec_config(&self) -> Option<cachet_core::spec::SpecConfig> {
+    pub fn spec_config(&self) -> Option<cachet_core::spec_decode::SpecConfig> {
         self.speculative
-            .map(|Speculative::Ngram| cachet_core::spec::SpecConfig {
+            .map(|Speculative::Ngram| cachet_core::spec_decode::SpecConfig {
                 num_speculative_tokens: self.num_speculative_tokens,
                 // (`wiring::build` refuses a range that matches nothing.)
                 prompt_lookup_min: self.spec_ngram_min,
