@@ -37,12 +37,12 @@ pub mod inspect;
 mod limits;
 mod listener;
 pub mod metrics;
-mod misc;
 pub mod nonce;
 mod offload;
 pub mod openai;
 mod process;
 pub mod sampling;
+mod service_routes;
 pub mod structured;
 pub mod tier_metrics;
 pub mod tools;
@@ -220,9 +220,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache/stats/stream", get(inspect::stats_stream))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
-        .route("/v1/models", get(misc::models))
-        .route("/v1/sessions/{id}", delete(misc::delete_session))
-        .route("/reset_prefix_cache", post(misc::reset_prefix_cache))
+        .route("/v1/models", get(service_routes::models))
+        .route("/v1/sessions/{id}", delete(service_routes::delete_session))
+        .route(
+            "/reset_prefix_cache",
+            post(service_routes::reset_prefix_cache),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,
@@ -231,12 +234,12 @@ pub fn router(state: AppState) -> Router {
         .merge(v1)
         .route("/dashboard", get(dashboard::page))
         .route("/dashboard/assets/{name}", get(dashboard::asset))
-        .route("/health", get(misc::health))
-        .route("/metrics", get(misc::metrics))
-        .route("/tokenize", post(misc::tokenize))
-        .route("/detokenize", post(misc::detokenize))
-        .fallback(misc::not_found)
-        .method_not_allowed_fallback(misc::method_not_allowed)
+        .route("/health", get(service_routes::health))
+        .route("/metrics", get(service_routes::metrics))
+        .route("/tokenize", post(service_routes::tokenize))
+        .route("/detokenize", post(service_routes::detokenize))
+        .fallback(service_routes::not_found)
+        .method_not_allowed_fallback(service_routes::method_not_allowed)
         .layer(middleware::from_fn_with_state(state.clone(), limits::guard))
         .layer(middleware::from_fn(echo_request_id))
         .layer(middleware::from_fn_with_state(

@@ -1,4 +1,5 @@
-//! Small routes: models, health, metrics, tokenize, detokenize, session release, cache reset.
+//! The service's own routes, beside generation: health, models, metrics, tokenize, detokenize,
+//! session release, cache reset, and the 404/405 fallbacks.
 
 use axum::body::Body;
 use axum::extract::{Path, State};
