@@ -25,6 +25,7 @@ pub mod agent;
 pub mod anthropic;
 mod args;
 mod auth;
+mod blocking;
 pub mod body;
 pub mod cache_routes;
 mod cors;
@@ -38,7 +39,6 @@ mod limits;
 mod listener;
 pub mod metrics;
 pub mod nonce;
-mod offload;
 pub mod openai;
 mod process;
 pub mod sampling;
@@ -294,7 +294,7 @@ pub async fn serve(
 ///
 /// Connections are served by [`listener::run`]: headers must arrive within
 /// `--header-read-timeout`, at most `--max-connections` are open at once. Large tokenizer calls
-/// run off the runtime's worker threads ([`offload::OffRuntime`]).
+/// run off the runtime's worker threads ([`blocking::OffRuntime`]).
 pub async fn serve_on(
     listener: tokio::net::TcpListener,
     args: ServerArgs,
@@ -315,9 +315,9 @@ pub async fn serve_on(
             "cachet server listening"
         );
     }
-    let tokenizer: Arc<dyn TextTokenizer> = Arc::new(offload::OffRuntime::new(
+    let tokenizer: Arc<dyn TextTokenizer> = Arc::new(blocking::OffRuntime::new(
         tokenizer,
-        offload::heavy_permits(),
+        blocking::heavy_permits(),
     ));
     let state = AppState::new(handle.clone(), tokenizer, registry.clone(), &args);
     let drain_timeout =

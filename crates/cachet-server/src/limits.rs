@@ -13,7 +13,7 @@
 //! - A request whose body is over [`LARGE_BODY_BYTES`] (or chunked) first takes one of
 //!   `--max-large-requests` slots, waiting for one without reading its body, and holds it until
 //!   its response starts: that bounds the large bodies held in memory and the threads their
-//!   tokenization takes ([`crate::offload`]). Its body deadline starts once it has a slot.
+//!   tokenization takes ([`crate::blocking`]). Its body deadline starts once it has a slot.
 //!
 //! The time to send the headers is bounded by the listener (`--header-read-timeout`, in
 //! [`crate::serve_on`]).
@@ -50,7 +50,7 @@ pub struct HttpPolicy {
 
 /// A body over this many bytes makes a request large (the size above which tokenization
 /// leaves the runtime's threads).
-pub const LARGE_BODY_BYTES: u64 = crate::offload::INLINE_TEXT_BYTES as u64;
+pub const LARGE_BODY_BYTES: u64 = crate::blocking::INLINE_TEXT_BYTES as u64;
 
 impl HttpPolicy {
     pub fn from_args(args: &ServerArgs) -> Self {
