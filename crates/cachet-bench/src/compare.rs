@@ -1,5 +1,5 @@
 //! `cachet bench compare`: cachet vs llama.cpp's llama-server on the same GGUF, same threads,
-//! same workloads, one run; writes the side-by-side table to `docs/benchmarks.md`.
+//! same workloads, one run; writes the side-by-side table to a run file under `docs/bench-runs/`.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
@@ -54,9 +54,10 @@ pub struct CompareArgs {
     /// Extra argument for `cachet serve` (repeatable).
     #[arg(long, allow_hyphen_values = true)]
     pub cachet_arg: Vec<String>,
-    /// Markdown file whose marked section gets the results.
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub doc: PathBuf,
+    /// Markdown file whose marked section gets the results (default: a run file of its own,
+    /// docs/bench-runs/<date>-<cpu>-<topic>.md).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
     /// Do not touch the doc.
     #[arg(long)]
     pub no_doc: bool,
@@ -404,7 +405,7 @@ pub async fn bench_compare(a: &CompareArgs) -> Result<CompareReport, BenchError>
     crate::doc::publish(
         &rep,
         a.output_json.as_deref(),
-        &a.doc,
+        a.doc.as_deref(),
         a.no_doc,
         DOC_SECTION,
         markdown,
@@ -522,7 +523,7 @@ mod tests {
             cachet_bin: None,
             llama_arg: vec![],
             cachet_arg: vec![],
-            doc: "x".into(),
+            doc: None,
             no_doc: true,
             output_json: None,
             plot_dir: None,

@@ -45,9 +45,10 @@ pub struct FidelityArgs {
     /// Use only the first N tokens of the text (0: all).
     #[arg(long, default_value_t = 0)]
     pub max_tokens: usize,
-    /// Markdown file whose marked section gets the results.
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub doc: PathBuf,
+    /// Markdown file whose marked section gets the results (default: a run file of its own,
+    /// docs/bench-runs/<date>-<cpu>-<topic>.md).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
     /// Do not touch the doc.
     #[arg(long)]
     pub no_doc: bool,
@@ -284,7 +285,7 @@ pub fn bench_fidelity(a: &FidelityArgs) -> Result<FidelityReport, BenchError> {
     crate::doc::publish(
         &rep,
         a.output_json.as_deref(),
-        &a.doc,
+        a.doc.as_deref(),
         a.no_doc,
         DOC_SECTION,
         markdown,

@@ -4,8 +4,8 @@
 //!   throughputs, the cached-token fraction the server reports), with deterministic
 //!   [`workload`]s: `shared-prefix`, `few-shot`, `unique`.
 //! - [`compare`]: starts cachet and llama.cpp's `llama-server` on the same GGUF and settings,
-//!   runs the same workloads against each, and writes a side-by-side table to
-//!   `docs/benchmarks.md`.
+//!   runs the same workloads against each, and writes a side-by-side table to a run file under
+//!   `docs/bench-runs/` ([`doc`]).
 //! - [`kernel`]: cachet's model executor driven directly, beside `llama-bench`.
 //!
 //! The binary exposes them as `cachet bench {serve,compare,kernel}` through [`BenchArgs`] and
@@ -62,7 +62,7 @@ pub enum BenchCmd {
     /// Load-test an OpenAI-compatible server (cachet, llama-server, vLLM, ...).
     Serve(ServeBenchArgs),
     /// Start cachet and llama-server on the same model, run the same workloads against both,
-    /// and write the side-by-side table to docs/benchmarks.md.
+    /// and write the side-by-side table to a run file under docs/bench-runs/.
     Compare(CompareArgs),
     /// Prefill/decode tokens/s of cachet's model executor beside llama-bench.
     Kernel(KernelArgs),
@@ -71,7 +71,7 @@ pub enum BenchCmd {
     Fidelity(fidelity::FidelityArgs),
     /// External KV tiers on the real model: time to first token computed vs loaded from the
     /// host tier vs Redis, where a load's time goes, and a shared-prefix workload on two
-    /// instances behind one Redis vs one instance; writes docs/benchmarks.md.
+    /// instances behind one Redis vs one instance; writes a run file under docs/bench-runs/.
     Tiers(tiers::TiersArgs),
     /// Prompt-lookup speculative decoding on the real model, batch 1, greedy: an edit-style
     /// workload and a free-form one, speculation off vs on, interleaved and repeated.

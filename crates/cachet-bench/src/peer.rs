@@ -40,9 +40,9 @@ pub fn peer_version() -> Option<String> {
         })
 }
 
-/// One line describing this machine (CPU model, cores, memory).
-pub fn machine_description() -> String {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+/// The CPU's model name as `/proc/cpuinfo` reports it, or "unknown CPU".
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
             s.lines()
@@ -50,7 +50,12 @@ pub fn machine_description() -> String {
                 .and_then(|l| l.split(':').nth(1))
                 .map(|x| x.trim().to_string())
         })
-        .unwrap_or_else(|| "unknown CPU".into());
+        .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// One line describing this machine (CPU model, cores, memory).
+pub fn machine_description() -> String {
+    let cpu = cpu_model();
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);

@@ -72,9 +72,10 @@ pub struct KernelArgs {
     /// Skip the roofline (machine limits and per-phase fractions of them).
     #[arg(long)]
     pub no_roofline: bool,
-    /// Markdown file whose marked section gets the results.
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub doc: PathBuf,
+    /// Markdown file whose marked section gets the results (default: a run file of its own,
+    /// docs/bench-runs/<date>-<cpu>-<topic>.md).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
     /// Do not touch the doc.
     #[arg(long)]
     pub no_doc: bool,
@@ -101,7 +102,7 @@ impl Default for KernelArgs {
             llama_batched_bench: None,
             no_llama: false,
             no_roofline: false,
-            doc: PathBuf::from("docs/benchmarks.md"),
+            doc: None,
             no_doc: true,
             output_json: None,
         }
@@ -249,7 +250,7 @@ pub fn bench_kernel(a: &KernelArgs) -> Result<KernelReport, BenchError> {
     crate::doc::publish(
         &rep,
         a.output_json.as_deref(),
-        &a.doc,
+        a.doc.as_deref(),
         a.no_doc,
         DOC_SECTION,
         markdown,

@@ -18,7 +18,7 @@
 //!    on every core; two instances of one thread each, behind one Redis (sessions split between
 //!    them); and the same two without a shared tier.
 //!
-//! Writes section `cachet-bench-tiers` of `docs/benchmarks.md` unless `--no-doc`.
+//! Writes section `cachet-bench-tiers` of a run file under `docs/bench-runs/` unless `--no-doc`.
 //!
 //! Files: [`ttft`] (part 1), [`breakdown`] (2), [`throughput`] (3), [`servers`] (the processes
 //! and HTTP calls), [`rounds`] (the one interleaved-rounds loop all timings go through),
@@ -89,9 +89,11 @@ pub struct TiersArgs {
     /// Skip the in-process breakdown.
     #[arg(long)]
     pub no_breakdown: bool,
-    #[arg(long, default_value = "docs/benchmarks.md")]
-    pub doc: PathBuf,
-    /// Do not write docs/benchmarks.md.
+    /// Markdown file whose marked section gets the results (default: a run file of its own,
+    /// docs/bench-runs/<date>-<cpu>-<topic>.md).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
+    /// Do not write the run file.
     #[arg(long)]
     pub no_doc: bool,
     /// Also write the report as JSON here.
@@ -280,7 +282,7 @@ pub async fn bench_tiers(a: &TiersArgs) -> Result<TiersReport, BenchError> {
     crate::doc::publish(
         &report,
         a.output_json.as_deref(),
-        &a.doc,
+        a.doc.as_deref(),
         a.no_doc,
         "cachet-bench-tiers",
         markdown,
