@@ -142,7 +142,6 @@ fn serve(
             Err(cachet::wiring::WiringError::Tier(
                 e @ cachet_tiers::TierError::DiskUnusable(_),
             )) => {
-                tracing::error!("{e}");
                 eprintln!("error: {e}");
                 std::process::exit(2);
             }

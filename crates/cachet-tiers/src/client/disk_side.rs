@@ -27,6 +27,23 @@ pub(super) struct DiskSide {
     pub(super) save_tx: mpsc::SyncSender<DiskSave>,
     load_tx: mpsc::Sender<Job>,
     pub(super) save_on_shutdown: bool,
+    /// Joined on drop, so the directory's lock is released when the client goes (a new
+    /// client on the same directory, in the same process, may open it at once).
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for DiskSide {
+    fn drop(&mut self) {
+        // Closing both channels ends both threads: the writer after the saves still queued,
+        // the reader after the loads still queued.
+        let (tx, _) = mpsc::sync_channel(1);
+        drop(std::mem::replace(&mut self.save_tx, tx));
+        let (tx, _) = mpsc::channel();
+        drop(std::mem::replace(&mut self.load_tx, tx));
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
 }
 
 /// Opens the store (lock, writability, index rebuild, logged) and starts its threads.
@@ -63,11 +80,11 @@ pub(super) fn open_disk(cfg: &DiskConfig, shared: Arc<Shared>) -> Result<DiskSid
     let (save_tx, save_rx) = mpsc::sync_channel::<DiskSave>(cfg.save_queue);
     let (load_tx, load_rx) = mpsc::channel::<Job>();
     let (s, sh) = (store.clone(), shared.clone());
-    std::thread::Builder::new()
+    let w = std::thread::Builder::new()
         .name("cachet-disk-w".into())
         .spawn(move || writer(&s, &sh, save_rx))
         .map_err(TierError::Runtime)?;
-    std::thread::Builder::new()
+    let r = std::thread::Builder::new()
         .name("cachet-disk-r".into())
         .spawn(move || {
             while let Ok(job) = load_rx.recv() {
@@ -80,6 +97,7 @@ pub(super) fn open_disk(cfg: &DiskConfig, shared: Arc<Shared>) -> Result<DiskSid
         save_tx,
         load_tx,
         save_on_shutdown: cfg.save_on_shutdown,
+        threads: vec![w, r],
     })
 }
 
