@@ -21,7 +21,7 @@ use crate::health::RateLog;
 use crate::host::{HostInsert, HostLru};
 use crate::stats::{Counters, TierStats};
 use crate::{Payload, TierError};
-use disk_side::{finish_missing, open_disk, DiskSide, Results};
+use disk_side::{finish_missing, open_disk, DiskSide, Then};
 use redis_side::{open_redis, redis_load, RedisSide};
 use save_queue::SaveItem;
 
@@ -346,8 +346,7 @@ impl TierClient {
 
     /// What a load does with the slots the host and disk tiers left open: ask Redis, or settle
     /// them as missing.
-    #[allow(clippy::type_complexity)]
-    fn after_disk(&self) -> Box<dyn FnOnce(Arc<Shared>, u64, Vec<BlockHash>, Results) + Send> {
+    fn after_disk(&self) -> Then {
         let Some(r) = &self.inner.redis else {
             return Box::new(finish_missing);
         };

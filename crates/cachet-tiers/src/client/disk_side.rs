@@ -154,7 +154,7 @@ impl DiskSide {
         ticket: u64,
         hashes: Vec<BlockHash>,
         mut results: Vec<Option<Result<(Payload, TierKind), LoadError>>>,
-        then: Box<dyn FnOnce(Arc<Shared>, u64, Vec<BlockHash>, Results) + Send>,
+        then: Then,
     ) {
         let store = self.store.clone();
         let job: Job = Box::new(move || {
@@ -197,6 +197,9 @@ impl DiskSide {
 
 /// A load's per-slot outcomes so far.
 pub(super) type Results = Vec<Option<Result<(Payload, TierKind), LoadError>>>;
+
+/// What a load does after the disk: ask the next tier for the open slots, or settle them.
+pub(super) type Then = Box<dyn FnOnce(Arc<Shared>, u64, Vec<BlockHash>, Results) + Send>;
 
 /// Settles every slot still open as missing (no tier after the disk).
 pub(super) fn finish_missing(shared: Arc<Shared>, ticket: u64, _: Vec<BlockHash>, r: Results) {
