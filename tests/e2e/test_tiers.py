@@ -81,7 +81,7 @@ def share_one_prompt(url: str, prompt, executor_args: list[str], block_bytes: in
         assert r2.prefix["prompt_tokens"] == n
         assert r2.prefix["local_cached_tokens"] == 0
         assert r2.prefix["external_cached_tokens"] == ext
-        assert r2.prefix["external_sources"] == {"host": 0, "redis": ext}
+        assert r2.prefix["external_sources"] == {"host": 0, "redis": ext, "disk": 0}
         assert r2.prefix["computed_tokens"] == n - ext
         assert r2.prefix["cache_creation_tokens"] == 0
         assert r2.usage["prompt_tokens_details"]["cached_tokens"] == ext
@@ -125,7 +125,7 @@ def assert_reloaded_from_host(r2, r1) -> None:
     assert r2.text == r1.text
     assert r2.prefix["local_cached_tokens"] == 0
     assert r2.prefix["external_cached_tokens"] == 160
-    assert r2.prefix["external_sources"] == {"host": 160, "redis": 0}
+    assert r2.prefix["external_sources"] == {"host": 160, "redis": 0, "disk": 0}
     assert r2.prefix["computed_tokens"] == 5
     assert r2.prefix["cache_creation_tokens"] == 0
     assert r2.prefix["blocks_evicted"] == 10
@@ -220,10 +220,10 @@ def test_host_in_front_of_redis():
         complete(s2, b, 1)
         r2 = complete(s2, a, 1)
         assert r2.text == ra.text
-        assert r2.prefix["external_sources"] == {"host": 0, "redis": 160}
+        assert r2.prefix["external_sources"] == {"host": 0, "redis": 160, "disk": 0}
         # ... and B again comes from its host tier (its own eviction), not from Redis.
         r3 = complete(s2, b, 1)
-        assert r3.prefix["external_sources"] == {"host": 160, "redis": 0}
+        assert r3.prefix["external_sources"] == {"host": 160, "redis": 0, "disk": 0}
         m = Metrics(s2)
         assert m.get("vllm:prompt_tokens_cached_by_source_total", source="host") == 160
         assert m.get("vllm:prompt_tokens_cached_by_source_total", source="redis") == 160

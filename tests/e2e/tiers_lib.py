@@ -296,7 +296,7 @@ def complete(server: Server, prompt, max_tokens: int = 4) -> Done:
     assert p["cached_tokens"] + p["computed_tokens"] == p["prompt_tokens"], p
     assert p["local_cached_tokens"] + p["external_cached_tokens"] == p["cached_tokens"], p
     src = p["external_sources"]
-    assert src["host"] + src["redis"] == p["external_cached_tokens"], p
+    assert src["host"] + src["redis"] + src["disk"] == p["external_cached_tokens"], p
     assert p["cache_creation_tokens"] <= p["computed_tokens"], p
     return Done(v["choices"][0]["text"], p, v["usage"])
 

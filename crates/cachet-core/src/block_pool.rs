@@ -252,6 +252,20 @@ impl BlockPool {
             .collect()
     }
 
+    /// Every cache entry's block and hash: those in use first, then the free ones in free-queue
+    /// order (the next evicted first).
+    pub fn cached_blocks(&self) -> Vec<(BlockId, BlockHash)> {
+        let free = self.free_queue();
+        let mut in_free = vec![false; self.blocks.len()];
+        for b in &free {
+            in_free[*b as usize] = true;
+        }
+        let used = (0..self.blocks.len() as BlockId).filter(|b| !in_free[*b as usize]);
+        used.chain(free)
+            .filter_map(|b| self.block_hash(b).map(|h| (b, h)))
+            .collect()
+    }
+
     /// Drop every cache entry. Only allowed while no block is in use; returns whether it ran.
     pub fn reset_prefix_cache(&mut self) -> bool {
         if self.num_free != self.blocks.len() {

@@ -331,7 +331,7 @@ counters! {
         help "Number of cached prompt tokens (local + external)",
         meaning "local + external cached prompt tokens";
     prompt_tokens_cached_device => "vllm:prompt_tokens_cached_by_source" ["source" = "device"],
-        help "Prefix-cache hit tokens by the cache tier that supplied them: device (the local block pool), host (the host-memory tier), redis (a shared Redis tier)",
+        help "Prefix-cache hit tokens by the cache tier that supplied them: device (the local block pool), host (the host-memory tier), redis (a shared Redis tier), disk (the local disk tier)",
         meaning "cached prompt tokens from the local block pool";
     prompt_tokens_cached_host => "vllm:prompt_tokens_cached_by_source" ["source" = "host"],
         help "Prefix-cache hit tokens by the cache tier that supplied them",
@@ -339,6 +339,9 @@ counters! {
     prompt_tokens_cached_redis => "vllm:prompt_tokens_cached_by_source" ["source" = "redis"],
         help "Prefix-cache hit tokens by the cache tier that supplied them",
         meaning "cached prompt tokens loaded from a shared Redis tier";
+    prompt_tokens_cached_disk => "vllm:prompt_tokens_cached_by_source" ["source" = "disk"],
+        help "Prefix-cache hit tokens by the cache tier that supplied them",
+        meaning "cached prompt tokens loaded from the local disk tier";
     generation_tokens => "vllm:generation_tokens",
         help "Number of generation tokens processed",
         meaning "generated tokens";

@@ -37,6 +37,8 @@ pub enum TierTag {
     Host,
     /// A shared Redis (or Redis Cluster) tier.
     Redis,
+    /// The local disk tier (files under `--kv-tier-disk-path`; survives a restart).
+    Disk,
 }
 
 impl TierTag {
@@ -44,6 +46,7 @@ impl TierTag {
         match self {
             TierTag::Host => "host",
             TierTag::Redis => "redis",
+            TierTag::Disk => "disk",
         }
     }
 }

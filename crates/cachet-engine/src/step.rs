@@ -314,6 +314,35 @@ impl<E: Executor> EngineCore<E> {
         save_blocks(&self.executor, tier.as_mut(), wanted, SaveReason::Evicted);
     }
 
+    /// At shutdown, when the tier asks for it: the pool's cached blocks the tier lacks, copied
+    /// out and saved ([`SaveReason::Shutdown`]), least likely to be evicted first. Returns how
+    /// many were handed over.
+    pub fn save_cached_for_shutdown(&mut self) -> usize {
+        let Some(tier) = self.tier.as_mut() else {
+            return 0;
+        };
+        if !tier.saves_on_shutdown() {
+            return 0;
+        }
+        let pool = self.scheduler.kv_manager().pool();
+        let mut cached: Vec<(BlockId, BlockHash)> = pool
+            .cached_blocks()
+            .into_iter()
+            .filter(|(_, hash)| tier.wants_save(hash, SaveReason::Shutdown))
+            .collect();
+        cached.reverse();
+        let n = cached.len();
+        for chunk in cached.chunks(64) {
+            save_blocks(
+                &self.executor,
+                tier.as_mut(),
+                chunk.to_vec(),
+                SaveReason::Shutdown,
+            );
+        }
+        n
+    }
+
     fn save_new_entries(&mut self) {
         let entries = self.scheduler.take_new_entries();
         let Some(tier) = self.tier.as_mut() else {

@@ -274,7 +274,16 @@ fn serve<E: Executor>(
                     let _ = reply.send(core.inspect(q, now()));
                 }
                 Command::Wake => {}
-                Command::Shutdown => return,
+                Command::Shutdown => {
+                    let n = core.save_cached_for_shutdown();
+                    if n > 0 {
+                        tracing::info!(
+                            blocks = n,
+                            "shutdown: cached blocks handed to the disk KV tier"
+                        );
+                    }
+                    return;
+                }
             }
         }
         if had_cmds {

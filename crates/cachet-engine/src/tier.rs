@@ -39,6 +39,9 @@ pub enum SaveReason {
     Evicted,
     /// It just became a new cache entry (a shared tier publishes it to other instances).
     Filled,
+    /// The engine is shutting down and the tier asked for the pool's cached blocks
+    /// ([`KvTier::saves_on_shutdown`]): a disk tier keeps them for the next start.
+    Shutdown,
 }
 
 /// Which saves a tier wants.
@@ -68,6 +71,12 @@ pub trait KvTier: KvLookup + Send {
     /// 368 KB allocation is a new mapping). Default: a fresh allocation.
     fn take_buffer(&mut self, len: usize) -> Vec<u8> {
         Vec::with_capacity(len)
+    }
+    /// Whether the engine, shutting down, should hand the tier every cached block of its pool
+    /// ([`SaveReason::Shutdown`]; each still asked with [`KvTier::wants_save`] first).
+    /// Default: no.
+    fn saves_on_shutdown(&self) -> bool {
+        false
     }
 }
 

@@ -189,12 +189,12 @@ pub const FAMILIES: &[FamilySpec] = &[
     },
     FamilySpec {
         name: "cachet:kv_tier_save_drops",
-        help: "saves not attempted: `queue_full` (write-behind queue full), `budget` (over --kv-tier-redis-bytes), `too_large` (a block over the whole host capacity)",
+        help: "saves not attempted: `queue_full` (write-behind queue full), `budget` (over --kv-tier-redis-bytes), `too_large` (a block over the whole host or disk capacity)",
         split: Split::Values("reason", &["queue_full", "budget", "too_large"]),
         value: Value::Counter(|s, _, reason| match reason {
             "queue_full" => s.save_queue_drops,
             "budget" => s.save_budget_drops,
-            _ => s.host_too_large,
+            _ => s.host_too_large + s.disk_too_large,
         }),
         only: None,
     },
@@ -231,7 +231,7 @@ pub const FAMILIES: &[FamilySpec] = &[
         help: "1 while the tier serves (host: always; Redis: connected and answering), else 0",
         split: Split::Tier,
         value: Value::Gauge(|s, t| match t {
-            TierKind::Host => 1,
+            TierKind::Host | TierKind::Disk => 1,
             TierKind::Redis => i64::from(s.redis_up),
         }),
         only: None,
@@ -249,6 +249,34 @@ pub const FAMILIES: &[FamilySpec] = &[
         split: Split::None,
         value: Value::Gauge(|s, _| to_i64(s.host_resident_blocks)),
         only: Some(TierKind::Host),
+    },
+    FamilySpec {
+        name: "cachet:kv_tier_disk_write_failures",
+        help: "disk saves that were attempted and not stored (a full disk, an I/O error): dropped, serving goes on",
+        split: Split::None,
+        value: Value::Counter(|s, _, _| s.disk_write_failures),
+        only: Some(TierKind::Disk),
+    },
+    FamilySpec {
+        name: "cachet:kv_tier_disk_evictions",
+        help: "block files the disk tier removed to stay within --kv-tier-disk-bytes",
+        split: Split::None,
+        value: Value::Counter(|s, _, _| s.disk_evictions),
+        only: Some(TierKind::Disk),
+    },
+    FamilySpec {
+        name: "cachet:kv_tier_disk_bytes",
+        help: "bytes of the block files the disk tier holds (values: header, payload, checksum)",
+        split: Split::None,
+        value: Value::Gauge(|s, _| to_i64(s.disk_resident_bytes)),
+        only: Some(TierKind::Disk),
+    },
+    FamilySpec {
+        name: "cachet:kv_tier_disk_blocks",
+        help: "blocks the disk tier holds",
+        split: Split::None,
+        value: Value::Gauge(|s, _| to_i64(s.disk_resident_blocks)),
+        only: Some(TierKind::Disk),
     },
     FamilySpec {
         name: "cachet:kv_tier_save_buffers",
@@ -375,7 +403,7 @@ pub fn encode_families(
 
 impl Collector for TierCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let configured: Vec<TierKind> = [TierKind::Host, TierKind::Redis]
+        let configured: Vec<TierKind> = [TierKind::Host, TierKind::Disk, TierKind::Redis]
             .into_iter()
             .filter(|k| self.client.has(*k))
             .collect();

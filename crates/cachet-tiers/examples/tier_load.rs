@@ -146,6 +146,7 @@ fn main() {
         .collect();
 
     let host = TierClient::open(TierConfig {
+        disk: None,
         namespace: ns(),
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {
@@ -156,6 +157,7 @@ fn main() {
     })
     .expect("host tier");
     let plain = TierClient::open(TierConfig {
+        disk: None,
         namespace: ns(),
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
@@ -165,6 +167,7 @@ fn main() {
     let mut signed_cfg = redis_cfg(port, Some(Secret::new(b"bench secret")));
     signed_cfg.key_prefix = "bench-signed".into();
     let signed = TierClient::open(TierConfig {
+        disk: None,
         namespace: ns(),
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,

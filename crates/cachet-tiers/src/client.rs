@@ -1,8 +1,10 @@
 //! [`TierClient`]: the engine's handle on its tiers — the stacked lookup and load (host first,
-//! then Redis for the rest), saves, and the warm payload buffers. The Redis side lives in
-//! [`redis_side`] (connection, health, `EXISTS` / `MGET`, the prober) and [`save_queue`] (the
-//! write-behind writer and the byte budget).
+//! then the disk, then Redis for the rest), saves, and the warm payload buffers. The Redis side
+//! lives in [`redis_side`] (connection, health, `EXISTS` / `MGET`, the prober) and
+//! [`save_queue`] (the write-behind writer and the byte budget); the disk side in
+//! [`disk_side`] (its writer and reader threads over a [`crate::disk::DiskStore`]).
 
+mod disk_side;
 mod redis_side;
 mod save_queue;
 
@@ -19,6 +21,7 @@ use crate::health::RateLog;
 use crate::host::{HostInsert, HostLru};
 use crate::stats::{Counters, TierStats};
 use crate::{Payload, TierError};
+use disk_side::{finish_missing, open_disk, DiskSide, Then};
 use redis_side::{open_redis, redis_load, RedisSide};
 use save_queue::SaveItem;
 
@@ -27,6 +30,7 @@ use save_queue::SaveItem;
 pub enum TierKind {
     Host,
     Redis,
+    Disk,
 }
 
 impl TierKind {
@@ -35,6 +39,7 @@ impl TierKind {
         match self {
             TierKind::Host => "host",
             TierKind::Redis => "redis",
+            TierKind::Disk => "disk",
         }
     }
 }
@@ -47,6 +52,9 @@ pub enum SaveTarget {
     Host,
     /// Redis, write-behind through the bounded queue (for newly computed blocks).
     Redis,
+    /// The disk tier, write-behind through its own bounded queue (newly computed blocks, and
+    /// evicted ones it lacks).
+    Disk,
 }
 
 impl SaveTarget {
@@ -55,6 +63,7 @@ impl SaveTarget {
         match self {
             SaveTarget::Host => TierKind::Host,
             SaveTarget::Redis => TierKind::Redis,
+            SaveTarget::Disk => TierKind::Disk,
         }
     }
 }
@@ -81,6 +90,7 @@ struct Inner {
     host: Option<Arc<Mutex<HostLru>>>,
     host_save: HostSave,
     redis: Option<RedisSide>,
+    disk: Option<DiskSide>,
 }
 
 impl Drop for Inner {
@@ -152,6 +162,10 @@ impl TierClient {
             .as_ref()
             .map(|h| Arc::new(Mutex::new(HostLru::new(h.capacity_bytes))));
         let host_save = cfg.host.as_ref().map_or(HostSave::Evicted, |h| h.save);
+        let disk = match &cfg.disk {
+            Some(dc) => Some(open_disk(dc, shared.clone())?),
+            None => None,
+        };
         let redis = match cfg.redis {
             Some(rc) => Some(open_redis(rc, shared.clone())?),
             None => None,
@@ -162,6 +176,7 @@ impl TierClient {
                 host,
                 host_save,
                 redis,
+                disk,
             }),
         })
     }
@@ -178,6 +193,21 @@ impl TierClient {
         match kind {
             TierKind::Host => self.inner.host.is_some(),
             TierKind::Redis => self.inner.redis.is_some(),
+            TierKind::Disk => self.inner.disk.is_some(),
+        }
+    }
+
+    /// Whether the disk tier wants the local pool's cached blocks written at shutdown
+    /// (`--kv-tier-disk-save-on-shutdown`).
+    pub fn disk_saves_on_shutdown(&self) -> bool {
+        self.inner.disk.as_ref().is_some_and(|d| d.save_on_shutdown)
+    }
+
+    /// Test hook: make every following disk write fail as a full disk would (`true`), or stop.
+    /// No-op without a disk tier.
+    pub fn inject_disk_write_failure(&self, on: bool) {
+        if let Some(d) = &self.inner.disk {
+            d.store.inject_write_failure(on);
         }
     }
 
@@ -200,10 +230,10 @@ impl TierClient {
     }
 
     /// The leading run of `hashes` (consecutive blocks of one prompt) that the tiers hold, and
-    /// which tier holds each: host first, then Redis for the rest. Redis is asked in one round
-    /// trip bounded by the timeout; when it fails, times out or is down, the answer is what
-    /// the host tier holds (0 blocks without one), the failure is counted, and an outage is
-    /// logged once. Host blocks found become most recently used.
+    /// which tier holds each: host first, then the disk's index, then Redis for the rest.
+    /// Redis is asked in one round trip bounded by the timeout; when it fails, times out or is
+    /// down, the answer is what the host and disk tiers hold, the failure is counted, and an
+    /// outage is logged once. Host and disk blocks found become most recently used.
     pub fn lookup(&self, hashes: &[BlockHash]) -> Vec<TierKind> {
         if hashes.is_empty() {
             return Vec::new();
@@ -217,16 +247,27 @@ impl TierClient {
             }
             None => vec![false; hashes.len()],
         };
+        let in_disk: Vec<bool> = match &self.inner.disk {
+            Some(d) => hashes
+                .iter()
+                .zip(&in_host)
+                .map(|(x, h)| !h && d.store.contains(x))
+                .collect(),
+            None => vec![false; hashes.len()],
+        };
+        let held: Vec<bool> = in_host.iter().zip(&in_disk).map(|(a, b)| a | b).collect();
         let mut in_redis = vec![false; hashes.len()];
         if let Some(r) = &self.inner.redis {
-            if in_host.iter().any(|b| !b) {
-                r.lookup(hashes, &in_host, &mut in_redis);
+            if held.iter().any(|b| !b) {
+                r.lookup(hashes, &held, &mut in_redis);
             }
         }
         let mut run = Vec::new();
         for i in 0..hashes.len() {
             if in_host[i] {
                 run.push(TierKind::Host);
+            } else if in_disk[i] {
+                run.push(TierKind::Disk);
             } else if in_redis[i] {
                 run.push(TierKind::Redis);
             } else {
@@ -244,6 +285,16 @@ impl TierClient {
             let n = run.iter().filter(|k| **k == TierKind::Host).count();
             stats.host.lookup_blocks.fetch_add(n as u64, Relaxed);
         }
+        if let Some(d) = &self.inner.disk {
+            for (x, k) in hashes.iter().zip(&run) {
+                if *k == TierKind::Disk {
+                    d.store.touch(x);
+                }
+            }
+            stats.disk.lookups.fetch_add(1, Relaxed);
+            let n = run.iter().filter(|k| **k == TierKind::Disk).count();
+            stats.disk.lookup_blocks.fetch_add(n as u64, Relaxed);
+        }
         if self.inner.redis.is_some() {
             let n = run.iter().filter(|k| **k == TierKind::Redis).count();
             stats.redis.lookup_blocks.fetch_add(n as u64, Relaxed);
@@ -252,8 +303,10 @@ impl TierClient {
         run
     }
 
-    /// (they cannot be evicted from under the load afterwards); the rest come from Redis in
-    /// one `MGET`. The ticket's [`LoadDone`] is returned by a later [`TierClient::poll`].
+    /// Starts loading `hashes`: what the host tier holds is taken now (they cannot be evicted
+    /// from under the load afterwards); what the disk holds is read on the disk's reader
+    /// thread; the rest come from Redis in one `MGET`. The ticket's [`LoadDone`] is returned
+    /// by a later [`TierClient::poll`].
     pub fn start_load(&self, ticket: u64, hashes: Vec<BlockHash>) {
         let shared = &self.inner.shared;
         let t0 = Instant::now();
@@ -277,21 +330,41 @@ impl TierClient {
                 s.load_call(t0.elapsed(), bytes);
             }
         }
-        let rest: Vec<usize> = (0..hashes.len())
-            .filter(|i| results[*i].is_none())
-            .collect();
-        let Some(r) = self.inner.redis.as_ref().filter(|_| !rest.is_empty()) else {
-            finish_load(shared, ticket, results, LoadError::Missing);
-            return;
-        };
-        if !r.r.health.is_up() {
-            finish_load(shared, ticket, results, LoadError::Unavailable);
-            return;
+        let then = self.after_disk();
+        match &self.inner.disk {
+            Some(d)
+                if hashes
+                    .iter()
+                    .zip(&results)
+                    .any(|(x, r)| r.is_none() && d.store.contains(x)) =>
+            {
+                d.load(shared.clone(), ticket, hashes, results, then);
+            }
+            _ => then(shared.clone(), ticket, hashes, results),
         }
-        let rs = r.r.clone();
-        r.handle.spawn(async move {
-            redis_load(rs, ticket, hashes, rest, results).await;
-        });
+    }
+
+    /// What a load does with the slots the host and disk tiers left open: ask Redis, or settle
+    /// them as missing.
+    fn after_disk(&self) -> Then {
+        let Some(r) = &self.inner.redis else {
+            return Box::new(finish_missing);
+        };
+        let (rs, handle) = (r.r.clone(), r.handle.clone());
+        Box::new(move |shared, ticket, hashes, results| {
+            let rest: Vec<usize> = (0..hashes.len())
+                .filter(|i| results[*i].is_none())
+                .collect();
+            if rest.is_empty() {
+                finish_load(&shared, ticket, results, LoadError::Missing);
+            } else if !rs.health.is_up() {
+                finish_load(&shared, ticket, results, LoadError::Unavailable);
+            } else {
+                handle.spawn(async move {
+                    redis_load(rs, ticket, hashes, rest, results).await;
+                });
+            }
+        })
     }
 
     /// Loads finished since the last call.
@@ -348,6 +421,36 @@ impl TierClient {
                     }
                 }
             }
+            SaveTarget::Disk => match &self.inner.disk {
+                Some(d) => d.save(&self.inner.shared, hash, payload),
+                None => false,
+            },
+        }
+    }
+
+    /// A disk save that waits (until `deadline`) for room in the queue instead of dropping:
+    /// for the shutdown's saves, never the step's. `false` (counted as a queue drop) past the
+    /// deadline or without a disk tier.
+    pub fn save_disk_until(&self, hash: BlockHash, payload: Payload, deadline: Instant) -> bool {
+        let Some(d) = &self.inner.disk else {
+            return false;
+        };
+        let stats = &self.inner.shared.stats;
+        let mut item = disk_side::DiskSave { hash, payload };
+        stats.saves_enqueued.fetch_add(1, Relaxed);
+        loop {
+            match d.save_tx.try_send(item) {
+                Ok(()) => return true,
+                Err(std::sync::mpsc::TrySendError::Full(it)) if Instant::now() < deadline => {
+                    item = it;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(_) => {
+                    stats.saves_enqueued.fetch_sub(1, Relaxed);
+                    stats.save_queue_drops.fetch_add(1, Relaxed);
+                    return false;
+                }
+            }
         }
     }
 
@@ -368,6 +471,11 @@ impl TierClient {
                 .redis
                 .as_ref()
                 .is_some_and(|r| r.r.recently_present(hash)),
+            SaveTarget::Disk => self
+                .inner
+                .disk
+                .as_ref()
+                .is_some_and(|d| d.store.touch(hash)),
         };
         if skip {
             self.inner
@@ -417,6 +525,12 @@ impl TierClient {
             s.redis_up = r.r.health.is_up();
             s.save_queue_len = (r.save_tx.max_capacity() - r.save_tx.capacity()) as u64;
         }
+        if let Some(d) = &self.inner.disk {
+            let (blocks, bytes, evictions) = d.store.usage();
+            s.disk_resident_blocks = blocks;
+            s.disk_resident_bytes = bytes;
+            s.disk_evictions = evictions;
+        }
         s
     }
 }
@@ -459,6 +573,7 @@ mod tests {
 
     fn host_client(cap: u64) -> TierClient {
         TierClient::open(TierConfig {
+            disk: None,
             namespace: ns(),
             spare_bytes: crate::DEFAULT_SPARE_BYTES,
             host: Some(HostConfig {
@@ -521,6 +636,7 @@ mod tests {
     fn evicted_host_payloads_become_the_next_saves_buffers() {
         let c = TierClient::open_with(
             TierConfig {
+                disk: None,
                 namespace: ns(),
                 host: Some(HostConfig {
                     capacity_bytes: 2000,
@@ -573,6 +689,7 @@ mod tests {
             .port();
         let c = TierClient::open_with(
             TierConfig {
+                disk: None,
                 namespace: ns(),
                 host: None,
                 redis: Some(RedisConfig {
@@ -613,6 +730,100 @@ mod tests {
             "a buffer the writer gave back"
         );
         assert_eq!(c.stats().buffers.warm, warm_before + 1);
+    }
+
+    fn disk_client(dir: &std::path::Path, host: bool) -> TierClient {
+        TierClient::open_with(
+            TierConfig {
+                namespace: ns(),
+                spare_bytes: 0,
+                host: host.then_some(HostConfig {
+                    capacity_bytes: 1000,
+                    save: HostSave::Evicted,
+                }),
+                redis: None,
+                disk: Some(crate::DiskConfig {
+                    dir: dir.to_path_buf(),
+                    capacity_bytes: 1 << 20,
+                    secret: None,
+                    save_queue: 4,
+                    save_on_shutdown: false,
+                }),
+            },
+            false,
+        )
+        .unwrap()
+    }
+
+    fn wait_load(c: &TierClient) -> LoadDone {
+        let t0 = Instant::now();
+        loop {
+            if let Some(d) = c.poll().pop() {
+                return d;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(10), "no load came back");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// host,disk: the host answers first, the disk the rest (on its reader thread), and a new
+    /// client on the same directory (a restart) finds what the first one wrote.
+    #[test]
+    fn disk_blocks_stack_behind_the_host_and_survive_a_new_client() {
+        let t = tempfile::tempdir().unwrap();
+        let c = disk_client(t.path(), true);
+        assert!(c.has(TierKind::Disk) && c.has(TierKind::Host));
+        for i in 1..=3 {
+            assert!(c.save(h(i), Payload::from(vec![i; 300]), SaveTarget::Disk));
+        }
+        assert!(c.flush(Duration::from_secs(10)));
+        assert!(
+            c.skip_save(&h(1), SaveTarget::Disk),
+            "held: not copied again"
+        );
+        assert!(c.save(h(2), Payload::from(vec![2; 300]), SaveTarget::Host));
+        assert_eq!(
+            c.lookup(&[h(1), h(2), h(3), h(4)]),
+            vec![TierKind::Disk, TierKind::Host, TierKind::Disk]
+        );
+        c.start_load(9, vec![h(1), h(2), h(3), h(4)]);
+        let done = wait_load(&c);
+        assert_eq!(done.ticket, 9);
+        let kinds: Vec<_> = done
+            .results
+            .iter()
+            .map(|r| r.as_ref().map(|(p, k)| (p[0], p.len(), *k)))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                Ok((1, 300, TierKind::Disk)),
+                Ok((2, 300, TierKind::Host)),
+                Ok((3, 300, TierKind::Disk)),
+                Err(&LoadError::Missing)
+            ]
+        );
+        let s = c.stats();
+        assert_eq!((s.disk.blocks_saved, s.disk.bytes_saved), (3, 900));
+        assert_eq!((s.disk.blocks_loaded, s.disk.bytes_loaded), (2, 600));
+        assert_eq!((s.disk.lookups, s.disk.lookup_blocks), (1, 2));
+        assert_eq!(s.disk.load_latency.count, 1);
+        // 3 files of 78 + 12 + 8 + 300 + 32 bytes.
+        assert_eq!(
+            (s.disk_resident_blocks, s.disk_resident_bytes),
+            (3, 3 * 430)
+        );
+        assert_eq!(s.load_failures.total(), 1);
+        drop(c);
+
+        let c = disk_client(t.path(), false);
+        assert_eq!(c.lookup(&[h(1), h(2), h(3)]), vec![TierKind::Disk; 3]);
+        c.inject_disk_write_failure(true);
+        assert!(c.save(h(5), Payload::from(vec![5; 300]), SaveTarget::Disk));
+        assert!(c.flush(Duration::from_secs(10)));
+        let s = c.stats();
+        assert_eq!((s.disk_write_failures, s.save_failures), (1, 1));
+        assert_eq!(s.disk_resident_blocks, 3);
     }
 
     #[test]

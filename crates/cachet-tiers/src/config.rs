@@ -16,30 +16,35 @@ use crate::TierError;
 pub struct TierSpec {
     pub host: bool,
     pub redis: bool,
+    pub disk: bool,
 }
 
 impl FromStr for TierSpec {
     type Err = String;
 
-    /// `host`, `redis`, or `host,redis` (host in front of Redis). Order and case do not matter.
+    /// `host`, `disk`, `redis`, or a comma-separated stack of them (always consulted host,
+    /// disk, Redis). Order and case do not matter.
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = TierSpec {
             host: false,
             redis: false,
+            disk: false,
         };
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             match part.to_ascii_lowercase().as_str() {
                 "host" => spec.host = true,
                 "redis" => spec.redis = true,
+                "disk" => spec.disk = true,
                 other => {
                     return Err(format!(
-                        "unknown KV tier `{other}` (expected host, redis or host,redis)"
+                        "unknown KV tier `{other}` (expected host, disk, redis or a list such \
+                         as host,disk,redis)"
                     ))
                 }
             }
         }
-        if !spec.host && !spec.redis {
-            return Err("no KV tier named (expected host, redis or host,redis)".into());
+        if !spec.host && !spec.redis && !spec.disk {
+            return Err("no KV tier named (expected host, disk, redis or a list)".into());
         }
         Ok(spec)
     }
@@ -192,12 +197,29 @@ pub struct RedisConfig {
     pub ca_cert_pem: Option<Vec<u8>>,
 }
 
+/// The disk tier ([`crate::disk`]).
+#[derive(Clone, Debug)]
+pub struct DiskConfig {
+    /// The directory (`--kv-tier-disk-path`); created when missing, locked while in use.
+    pub dir: std::path::PathBuf,
+    /// Upper bound on the value bytes of the block files (`--kv-tier-disk-bytes`).
+    pub capacity_bytes: u64,
+    /// With a secret, files are signed and only signed files are accepted (`--kv-tier-secret`).
+    pub secret: Option<Secret>,
+    /// Blocks the disk writer's queue holds (`--kv-tier-save-queue`); a save beyond is dropped.
+    pub save_queue: usize,
+    /// At shutdown, write the local pool's cached blocks that are not on disk yet
+    /// (`--kv-tier-disk-save-on-shutdown`).
+    pub save_on_shutdown: bool,
+}
+
 /// Everything [`crate::TierClient::open`] needs.
 #[derive(Clone, Debug)]
 pub struct TierConfig {
     pub namespace: TierNamespace,
     pub host: Option<HostConfig>,
     pub redis: Option<RedisConfig>,
+    pub disk: Option<DiskConfig>,
     /// Bound on the warm payload buffers kept for the engine's saves (`--kv-tier-spare-bytes`;
     /// [`crate::buffers`]): memory on top of the host capacity. 0: none kept.
     pub spare_bytes: u64,
@@ -209,8 +231,20 @@ pub const DEFAULT_SPARE_BYTES: u64 = 64 << 20;
 
 impl TierConfig {
     pub(crate) fn validate(&self) -> Result<(), TierError> {
-        if self.host.is_none() && self.redis.is_none() {
+        if self.host.is_none() && self.redis.is_none() && self.disk.is_none() {
             return Err(TierError::Config("no KV tier configured".into()));
+        }
+        if let Some(d) = &self.disk {
+            if d.capacity_bytes == 0 {
+                return Err(TierError::Config(
+                    "--kv-tier-disk-bytes must be greater than 0".into(),
+                ));
+            }
+            if d.save_queue == 0 {
+                return Err(TierError::Config(
+                    "--kv-tier-save-queue must be greater than 0".into(),
+                ));
+            }
         }
         if let Some(h) = &self.host {
             if h.capacity_bytes == 0 {
@@ -250,7 +284,8 @@ impl TierConfig {
 /// The `--kv-tier*` flags, for `#[command(flatten)]` into `cachet serve`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct TierArgs {
-    /// External KV tiers: `host`, `redis`, or `host,redis` (host in front of Redis). Unset: none.
+    /// External KV tiers: `host`, `disk`, `redis`, or a stack such as `host,disk,redis`
+    /// (consulted in that order). Unset: none.
     #[arg(long = "kv-tier", value_name = "TIERS")]
     pub kv_tier: Option<TierSpec>,
 
@@ -263,6 +298,20 @@ pub struct TierArgs {
     #[arg(long, value_name = "WHEN", value_enum, default_value_t = HostSave::Evicted)]
     pub kv_tier_host_save: HostSave,
 
+    /// The disk tier's directory (one file per block; survives a restart). One instance per
+    /// directory: a second one is refused at start.
+    #[arg(long, value_name = "DIR")]
+    pub kv_tier_disk_path: Option<std::path::PathBuf>,
+
+    /// Capacity of the disk tier, in bytes of block files (least recently used evicted first).
+    #[arg(long, value_name = "BYTES", default_value = "16GiB", value_parser = parse_bytes)]
+    pub kv_tier_disk_bytes: u64,
+
+    /// At shutdown (SIGTERM), write the local pool's cached blocks that are not on the disk
+    /// tier yet, within the drain deadline (`--shutdown-timeout`).
+    #[arg(long)]
+    pub kv_tier_disk_save_on_shutdown: bool,
+
     /// Redis: `redis://host:port`, `rediss://…` (TLS), or a comma-separated list of Redis
     /// Cluster nodes.
     #[arg(long, value_name = "URL", env = "CACHET_KV_TIER_REDIS_URL")]
@@ -272,8 +321,8 @@ pub struct TierArgs {
     #[arg(long)]
     pub kv_tier_redis_cluster: bool,
 
-    /// Sign values written to Redis (HMAC-SHA256) and accept only values signed with this
-    /// secret. Prefer the environment variable to the command line.
+    /// Sign values written to Redis and to the disk tier (HMAC-SHA256) and accept only values
+    /// signed with this secret. Prefer the environment variable to the command line.
     #[arg(
         long,
         value_name = "SECRET",
@@ -353,10 +402,29 @@ impl TierArgs {
         } else {
             None
         };
+        let disk = if spec.disk {
+            let dir = self.kv_tier_disk_path.clone().ok_or_else(|| {
+                TierError::Config("--kv-tier disk needs --kv-tier-disk-path".into())
+            })?;
+            Some(DiskConfig {
+                dir,
+                capacity_bytes: self.kv_tier_disk_bytes,
+                secret: self
+                    .kv_tier_secret
+                    .as_deref()
+                    .filter(|s| !s.is_empty())
+                    .map(Secret::new),
+                save_queue: self.kv_tier_save_queue,
+                save_on_shutdown: self.kv_tier_disk_save_on_shutdown,
+            })
+        } else {
+            None
+        };
         let cfg = TierConfig {
             namespace,
             host,
             redis,
+            disk,
             spare_bytes: self.kv_tier_spare_bytes,
         };
         cfg.validate()?;
@@ -417,6 +485,7 @@ mod tests {
         let both = TierSpec {
             host: true,
             redis: true,
+            disk: false,
         };
         assert_eq!("host,redis".parse::<TierSpec>(), Ok(both));
         assert_eq!("Redis , host".parse::<TierSpec>(), Ok(both));
@@ -424,10 +493,19 @@ mod tests {
             "host".parse::<TierSpec>(),
             Ok(TierSpec {
                 host: true,
-                redis: false
+                redis: false,
+                disk: false
             })
         );
-        assert!("disk".parse::<TierSpec>().is_err());
+        assert_eq!(
+            "host,disk,redis".parse::<TierSpec>(),
+            Ok(TierSpec {
+                host: true,
+                redis: true,
+                disk: true
+            })
+        );
+        assert!("ssd".parse::<TierSpec>().is_err());
         assert!("".parse::<TierSpec>().is_err());
     }
 
@@ -514,5 +592,25 @@ mod tests {
             "1M",
         ]);
         assert!(budget_without_ttl.tiers.to_config(ns()).is_err());
+
+        let disk = Cli::parse_from([
+            "x",
+            "--kv-tier",
+            "host,disk",
+            "--kv-tier-disk-path",
+            "/tmp/kv",
+            "--kv-tier-disk-bytes",
+            "3M",
+            "--kv-tier-disk-save-on-shutdown",
+            "--kv-tier-secret",
+            "k",
+        ]);
+        let d = disk.tiers.to_config(ns()).unwrap().unwrap().disk.unwrap();
+        assert_eq!(d.dir, std::path::PathBuf::from("/tmp/kv"));
+        assert_eq!(d.capacity_bytes, 3 << 20);
+        assert!(d.save_on_shutdown && d.secret.is_some());
+        assert_eq!(d.save_queue, 256);
+        let no_path = Cli::parse_from(["x", "--kv-tier", "disk"]);
+        assert!(no_path.tiers.to_config(ns()).is_err());
     }
 }

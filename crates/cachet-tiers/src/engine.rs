@@ -12,8 +12,13 @@
 //! configured tier takes, and [`KvTier::wants_save`] says no for a block the tier already
 //! holds (the host LRU has it, or this instance loaded or stored it in Redis recently), so the
 //! engine does not copy it out for nothing.
+//!
+//! The disk tier takes every fill (so a restart finds what was computed) and the evictions it
+//! lacks; [`SaveReason::Shutdown`] (`--kv-tier-disk-save-on-shutdown`) goes to it alone, and
+//! those saves wait for queue room up to [`SHUTDOWN_SAVE_LIMIT`] instead of dropping.
 
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::BlockHash;
@@ -27,13 +32,20 @@ pub struct EngineTier {
     client: TierClient,
     /// Loads in flight: handle (the client's ticket) → slot.
     slots: HashMap<u64, u32>,
+    /// Set by the first shutdown save: when the shutdown's saves stop waiting for queue room.
+    shutdown_deadline: Option<Instant>,
 }
+
+/// How long the shutdown's saves (`--kv-tier-disk-save-on-shutdown`) may wait for room in the
+/// disk queue, in all; the binary then waits as long again for the queue to reach the disk.
+pub const SHUTDOWN_SAVE_LIMIT: Duration = Duration::from_secs(10);
 
 impl EngineTier {
     pub fn new(client: TierClient) -> Self {
         EngineTier {
             client,
             slots: HashMap::new(),
+            shutdown_deadline: None,
         }
     }
 
@@ -47,16 +59,21 @@ pub fn tag(kind: TierKind) -> TierTag {
     match kind {
         TierKind::Host => TierTag::Host,
         TierKind::Redis => TierTag::Redis,
+        TierKind::Disk => TierTag::Disk,
     }
 }
 
-/// Where a save of this reason goes: evictions to the host tier; fills to Redis, and to the
-/// host tier too when it saves on fill.
+/// Where a save of this reason goes: evictions to the host tier and the disk (which has them
+/// already unless a save was dropped); fills to the disk and Redis, and to the host tier too
+/// when it saves on fill; the shutdown's saves to the disk alone.
 pub fn targets(reason: SaveReason, host_save: HostSave) -> &'static [SaveTarget] {
     match (reason, host_save) {
-        (SaveReason::Evicted, _) => &[SaveTarget::Host],
-        (SaveReason::Filled, HostSave::Evicted) => &[SaveTarget::Redis],
-        (SaveReason::Filled, HostSave::Filled) => &[SaveTarget::Host, SaveTarget::Redis],
+        (SaveReason::Evicted, _) => &[SaveTarget::Host, SaveTarget::Disk],
+        (SaveReason::Filled, HostSave::Evicted) => &[SaveTarget::Disk, SaveTarget::Redis],
+        (SaveReason::Filled, HostSave::Filled) => {
+            &[SaveTarget::Host, SaveTarget::Disk, SaveTarget::Redis]
+        }
+        (SaveReason::Shutdown, _) => &[SaveTarget::Disk],
     }
 }
 
@@ -108,6 +125,14 @@ impl KvTier for EngineTier {
     }
 
     fn save(&mut self, hash: BlockHash, payload: Payload, reason: SaveReason) {
+        if reason == SaveReason::Shutdown {
+            // The engine is stopping: wait for room in the disk queue (bounded), not drop.
+            let deadline = *self
+                .shutdown_deadline
+                .get_or_insert_with(|| Instant::now() + SHUTDOWN_SAVE_LIMIT);
+            let _ = self.client.save_disk_until(hash, payload, deadline);
+            return;
+        }
         // A full queue or an oversized block is counted by the client; the engine never waits.
         // The payload is shared between targets, not copied.
         for t in self.configured(reason) {
@@ -127,6 +152,10 @@ impl KvTier for EngineTier {
 
     fn take_buffer(&mut self, len: usize) -> Vec<u8> {
         self.client.take_buffer(len)
+    }
+
+    fn saves_on_shutdown(&self) -> bool {
+        self.client.disk_saves_on_shutdown()
     }
 
     fn saves_on(&self) -> SaveOn {
@@ -154,6 +183,7 @@ mod tests {
     fn host_tier_saving(save: HostSave) -> EngineTier {
         EngineTier::new(
             TierClient::open(TierConfig {
+                disk: None,
                 namespace: TierNamespace {
                     model_fingerprint: [7; 32],
                     kv_layout: "sim:u64".into(),

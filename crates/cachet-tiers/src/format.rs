@@ -279,6 +279,69 @@ pub fn check_value(
     Ok(payload_start..payload_end)
 }
 
+/// What a value's header says, read without its payload (the disk tier's index rebuild reads
+/// only this much of each file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ValueHeader {
+    /// The block the value says it holds.
+    pub hash: BlockHash,
+    /// The whole value's length its header implies (a file of another length is torn).
+    pub total_len: u64,
+}
+
+/// The bytes [`read_header`] needs at most for this namespace (a value's head up to its payload).
+pub fn header_len(ns: &TierNamespace) -> usize {
+    FIXED_HEAD + ns.kv_layout.len() + 8
+}
+
+/// Checks a value's head (magic, version, flags, lengths) and its namespace, without the
+/// checksum: [`LoadError::ForeignLayout`] for a value of another model, KV layout or block
+/// size. `head` may be the whole value or its first [`header_len`] bytes.
+pub fn read_header(ns: &TierNamespace, head: &[u8]) -> Result<ValueHeader, LoadError> {
+    let v = head;
+    if v.len() >= MAGIC.len() && &v[..MAGIC.len()] != MAGIC {
+        return Err(LoadError::Corrupt(CorruptKind::BadMagic));
+    }
+    if v.len() < FIXED_HEAD {
+        return Err(LoadError::Corrupt(CorruptKind::Truncated));
+    }
+    let version = u16::from_le_bytes([v[4], v[5]]);
+    if version != FORMAT_VERSION {
+        return Err(LoadError::UnsupportedVersion(version));
+    }
+    let flags = u16::from_le_bytes([v[6], v[7]]);
+    if flags & !FLAG_MAC != 0 {
+        return Err(LoadError::Corrupt(CorruptKind::Malformed));
+    }
+    let layout_len = u16::from_le_bytes([v[FIXED_HEAD - 2], v[FIXED_HEAD - 1]]) as usize;
+    let layout_end = FIXED_HEAD + layout_len;
+    let block_size = u32::from_le_bytes([v[8], v[9], v[10], v[11]]);
+    if block_size != ns.block_size
+        || v[12..44] != ns.model_fingerprint
+        || layout_len != ns.kv_layout.len()
+    {
+        return Err(LoadError::ForeignLayout);
+    }
+    if v.len() < layout_end + 8 {
+        return Err(LoadError::Corrupt(CorruptKind::Truncated));
+    }
+    if &v[FIXED_HEAD..layout_end] != ns.kv_layout.as_bytes() {
+        return Err(LoadError::ForeignLayout);
+    }
+    let mut len8 = [0u8; 8];
+    len8.copy_from_slice(&v[layout_end..layout_end + 8]);
+    let tags = if flags & FLAG_MAC != 0 { 2 * TAG } else { TAG };
+    let total_len = ((layout_end + 8 + tags) as u64)
+        .checked_add(u64::from_le_bytes(len8))
+        .ok_or(LoadError::Corrupt(CorruptKind::Malformed))?;
+    let mut hash = [0u8; 32];
+    hash.copy_from_slice(&v[44..76]);
+    Ok(ValueHeader {
+        hash: BlockHash(hash),
+        total_len,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,6 +476,40 @@ mod tests {
         assert_eq!(
             decode_value(&ns(), &h(1), Bytes::from(forged), Some(&s)),
             Err(LoadError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn a_header_names_its_block_length_and_namespace() {
+        let s = Secret::new(b"k");
+        let v = encode_value(&ns(), &h(3), &[5u8; 100], Some(&s));
+        let head = &v[..header_len(&ns())];
+        // 78 fixed + 12 layout + 8 length, then 100 payload + 32 checksum + 32 MAC.
+        assert_eq!(head.len(), 98);
+        assert_eq!(
+            read_header(&ns(), head),
+            Ok(ValueHeader {
+                hash: h(3),
+                total_len: 98 + 100 + 64
+            })
+        );
+        assert_eq!(
+            read_header(&ns(), &v).map(|x| x.total_len),
+            Ok(v.len() as u64)
+        );
+        let mut other = ns();
+        other.block_size = 32;
+        assert_eq!(read_header(&other, head), Err(LoadError::ForeignLayout));
+        other = ns();
+        other.kv_layout = "f16:L2:H1:D8".into();
+        assert_eq!(read_header(&other, head), Err(LoadError::ForeignLayout));
+        assert_eq!(
+            read_header(&ns(), &head[..50]),
+            Err(LoadError::Corrupt(CorruptKind::Truncated))
+        );
+        assert_eq!(
+            read_header(&ns(), b"GARBAGE!"),
+            Err(LoadError::Corrupt(CorruptKind::BadMagic))
         );
     }
 }

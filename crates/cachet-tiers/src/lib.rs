@@ -10,8 +10,10 @@
 //!   format version, the namespace and a BLAKE3 checksum; with `--kv-tier-secret` an
 //!   HMAC-SHA256 too, and then unsigned or wrongly signed values are refused. Saves are
 //!   write-behind through a bounded queue; every call is bounded by `--kv-tier-timeout-ms`.
-//! * **host,redis** — stacked: lookups and loads take what the host tier holds, then ask Redis
-//!   for the rest.
+//! * **disk** — one file per block under a directory, in the Redis value format, bounded by
+//!   `--kv-tier-disk-bytes`, surviving a restart ([`disk`]).
+//! * **host,disk,redis** (any subset) — stacked: lookups and loads take what the host tier
+//!   holds, then what the disk holds, then ask Redis for the rest.
 //!
 //! The engine holds a [`TierClient`]: [`TierClient::lookup`] at a request's first admission,
 //! [`TierClient::start_load`] + [`TierClient::poll`] to fill the blocks it allocated for the hit,
@@ -33,6 +35,7 @@
 
 pub mod buffers;
 pub mod config;
+pub mod disk;
 pub mod engine;
 pub mod format;
 pub mod host;
@@ -47,8 +50,8 @@ pub use buffers::{BufferPool, BufferStats};
 pub use cachet_core::BlockHash;
 pub use client::{LoadDone, SaveTarget, TierClient, TierKind};
 pub use config::{
-    HostConfig, HostSave, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig, TierSpec,
-    DEFAULT_SPARE_BYTES,
+    DiskConfig, HostConfig, HostSave, RedisConfig, RedisTarget, Secret, TierArgs, TierConfig,
+    TierSpec, DEFAULT_SPARE_BYTES,
 };
 pub use engine::EngineTier;
 pub use format::{CorruptKind, LoadError, TierNamespace};
@@ -65,4 +68,8 @@ pub enum TierError {
     Config(String),
     #[error("cannot start the KV tier runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    /// The disk tier's directory cannot be used (another instance holds it, it is not
+    /// writable); the message names the directory and the cause in one line.
+    #[error("disk KV tier: {0}")]
+    DiskUnusable(String),
 }

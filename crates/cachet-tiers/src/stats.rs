@@ -114,11 +114,13 @@ impl LoadFailures {
 pub struct TierStats {
     pub host: TierIoStats,
     pub redis: TierIoStats,
+    pub disk: TierIoStats,
     /// Saves refused because the write-behind queue was full.
     pub save_queue_drops: u64,
     /// Saves skipped because they would exceed the instance's Redis byte budget.
     pub save_budget_drops: u64,
-    /// Saves that reached the writer but were not stored (Redis down, error, timeout).
+    /// Saves that reached the writer but were not stored (Redis down, error, timeout; a disk
+    /// write that failed).
     pub save_failures: u64,
     /// Saves skipped because the tier already holds the block (host: in the LRU; Redis: this
     /// client loaded or stored it within half the TTL).
@@ -127,6 +129,13 @@ pub struct TierStats {
     pub host_too_large: u64,
     /// Blocks the host tier evicted to stay within its bytes.
     pub host_evictions: u64,
+    /// Disk saves refused because one value exceeds the whole disk budget.
+    pub disk_too_large: u64,
+    /// Disk writes that failed (a full disk, an I/O error): the save dropped. Also counted in
+    /// `save_failures`.
+    pub disk_write_failures: u64,
+    /// Block files the disk tier removed to stay within its bytes.
+    pub disk_evictions: u64,
     /// Lookups whose Redis part failed (error or timeout) and answered without Redis.
     pub lookup_failures: u64,
     /// Of those, the ones that ran past the timeout.
@@ -142,6 +151,9 @@ pub struct TierStats {
     /// Gauges.
     pub host_resident_bytes: u64,
     pub host_resident_blocks: u64,
+    /// Bytes and blocks of the disk tier's indexed files.
+    pub disk_resident_bytes: u64,
+    pub disk_resident_blocks: u64,
     pub redis_up: bool,
     /// Saves waiting in the write-behind queue (not counting the batch being written).
     pub save_queue_len: u64,
@@ -156,6 +168,7 @@ impl TierStats {
         match kind {
             TierKind::Host => &self.host,
             TierKind::Redis => &self.redis,
+            TierKind::Disk => &self.disk,
         }
     }
 }
@@ -292,6 +305,9 @@ impl TierCounters {
 pub(crate) struct Counters {
     pub host: TierCounters,
     pub redis: TierCounters,
+    pub disk: TierCounters,
+    pub disk_too_large: AtomicU64,
+    pub disk_write_failures: AtomicU64,
     pub save_queue_drops: AtomicU64,
     pub save_budget_drops: AtomicU64,
     pub save_failures: AtomicU64,
@@ -315,6 +331,9 @@ impl Default for Counters {
         Counters {
             host: TierCounters::default(),
             redis: TierCounters::default(),
+            disk: TierCounters::default(),
+            disk_too_large: AtomicU64::new(0),
+            disk_write_failures: AtomicU64::new(0),
             save_queue_drops: AtomicU64::new(0),
             save_budget_drops: AtomicU64::new(0),
             save_failures: AtomicU64::new(0),
@@ -352,6 +371,12 @@ impl Counters {
         TierStats {
             host: self.host.snapshot(),
             redis: self.redis.snapshot(),
+            disk: self.disk.snapshot(),
+            disk_too_large: self.disk_too_large.load(Relaxed),
+            disk_write_failures: self.disk_write_failures.load(Relaxed),
+            disk_evictions: 0,
+            disk_resident_bytes: 0,
+            disk_resident_blocks: 0,
             save_queue_drops: self.save_queue_drops.load(Relaxed),
             save_budget_drops: self.save_budget_drops.load(Relaxed),
             save_failures: self.save_failures.load(Relaxed),

@@ -116,6 +116,7 @@ fn another_instance_of_the_same_model_loads_what_one_saved() {
     let mut rc = redis_cfg(RedisTarget::parse(&server.url(), false).unwrap());
     rc.timeout = Duration::from_millis(500);
     let o = TierClient::open(TierConfig {
+        disk: None,
         namespace: other,
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
@@ -520,6 +521,7 @@ fn stacked_host_in_front_of_redis() {
     };
     let mut admin = server.conn();
     let c = TierClient::open(TierConfig {
+        disk: None,
         namespace: ns(),
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: Some(HostConfig {

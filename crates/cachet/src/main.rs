@@ -135,7 +135,18 @@ fn serve(
 ) -> anyhow::Result<()> {
     let built = cachet::wiring::build(&engine)?;
     let tier =
-        cachet::wiring::open_tier(&tiers, &built.executor, built.engine.scheduler.block_size)?;
+        match cachet::wiring::open_tier(&tiers, &built.executor, built.engine.scheduler.block_size)
+        {
+            Ok(t) => t,
+            // Another instance holds the directory, or it is not writable: one line, exit 2.
+            Err(cachet::wiring::WiringError::Tier(
+                e @ cachet_tiers::TierError::DiskUnusable(_),
+            )) => {
+                eprintln!("error: {e}");
+                std::process::exit(2);
+            }
+            Err(e) => return Err(e.into()),
+        };
     let name = server.primary_model_name(&built.model.name);
     let sc = &built.engine.scheduler;
     let cache = cachet_server::CacheConfigInfo {
@@ -191,8 +202,14 @@ fn serve(
         metrics,
     ));
     if let Some(t) = &tier {
-        // Let the write-behind queue reach Redis before the process goes.
-        if !t.flush(std::time::Duration::from_secs(2)) {
+        // Let the write-behind queues reach Redis and the disk before the process goes (the
+        // shutdown's disk saves get as long as they had to be queued).
+        let wait = if t.disk_saves_on_shutdown() {
+            cachet_tiers::engine::SHUTDOWN_SAVE_LIMIT
+        } else {
+            std::time::Duration::from_secs(2)
+        };
+        if !t.flush(wait) {
             tracing::warn!("KV tier: some saves were still queued at shutdown and are lost");
         }
     }

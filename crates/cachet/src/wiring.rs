@@ -260,12 +260,15 @@ pub fn open_tier(
         return Ok(None);
     };
     let host = cfg.host.as_ref().map(|h| h.capacity_bytes);
+    let disk = cfg.disk.as_ref().map(|d| d.dir.display().to_string());
     let redis = cfg.redis.as_ref().map(|r| r.target.display());
-    let signed = cfg.redis.as_ref().is_some_and(|r| r.secret.is_some());
+    let signed = cfg.redis.as_ref().is_some_and(|r| r.secret.is_some())
+        || cfg.disk.as_ref().is_some_and(|d| d.secret.is_some());
     let client = cachet_tiers::TierClient::open(cfg)?;
     tracing::info!(
         host_bytes = host.map(|b| b.to_string()).unwrap_or_else(|| "off".into()),
         redis = redis.as_deref().unwrap_or("off"),
+        disk = disk.as_deref().unwrap_or("off"),
         redis_up = client.redis_up(),
         signed,
         block_bytes = executor.block_bytes(),

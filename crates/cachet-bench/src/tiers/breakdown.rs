@@ -61,6 +61,7 @@ impl Steps {
 
 fn tier_config(exec: &LlamaExecutor, t: TierSetup) -> TierConfig {
     TierConfig {
+        disk: None,
         namespace: TierNamespace {
             model_fingerprint: exec.model_fingerprint(),
             kv_layout: exec.kv_layout(),

@@ -129,6 +129,7 @@ impl SessionTotals {
 pub struct ExternalSources {
     pub host: u64,
     pub redis: u64,
+    pub disk: u64,
 }
 
 /// What the recorder says about one request on its first-token update and on its final one.
@@ -626,6 +627,10 @@ impl Recorder {
                             TierTag::Redis => {
                                 r.external.redis += n;
                                 totals.prompt_tokens_cached_redis += n;
+                            }
+                            TierTag::Disk => {
+                                r.external.disk += n;
+                                totals.prompt_tokens_cached_disk += n;
                             }
                         }
                     }

@@ -248,6 +248,7 @@ pub fn redis_client(url: &str, f: impl FnOnce(&mut RedisConfig)) -> TierClient {
     let mut rc = redis_cfg(RedisTarget::parse(url, false).expect("url"));
     f(&mut rc);
     TierClient::open(TierConfig {
+        disk: None,
         namespace: ns(),
         spare_bytes: cachet_tiers::DEFAULT_SPARE_BYTES,
         host: None,
