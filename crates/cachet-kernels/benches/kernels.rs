@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use cachet_kernels::attention::{paged_attention, paged_attention_parallel, PagedAttnArgs};
-use cachet_kernels::{QMatrix, ThreadPool, WeightType};
+use cachet_kernels::{quant, QMatrix, ThreadPool, WeightType};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use half::f16;
 use rand::rngs::StdRng;
@@ -28,16 +28,28 @@ fn random_matrix(ty: WeightType, rows: usize, cols: usize, rng: &mut StdRng) -> 
     let h = |v: f32| f16::from_f32(v).to_bits().to_le_bytes();
     for blk in bytes.chunks_mut(bb) {
         match ty {
-            WeightType::Q4_0 | WeightType::Q8_0 => blk[..2].copy_from_slice(&h(0.01)),
-            WeightType::Q4_1 => {
+            WeightType::Q4_0
+            | WeightType::Q8_0
+            | WeightType::Q5_0
+            | WeightType::IQ4NL
+            | WeightType::IQ4XS => blk[..2].copy_from_slice(&h(0.01)),
+            WeightType::Q4_1 | WeightType::Q5_1 => {
                 blk[..2].copy_from_slice(&h(0.01));
                 blk[2..4].copy_from_slice(&h(-0.08));
             }
-            WeightType::Q4K => {
+            WeightType::Q4K | WeightType::Q5K => {
                 blk[..2].copy_from_slice(&h(0.001));
                 blk[2..4].copy_from_slice(&h(0.001));
             }
             WeightType::Q6K => blk[208..].copy_from_slice(&h(0.001)),
+            WeightType::Q3K => blk[108..].copy_from_slice(&h(0.001)),
+            WeightType::Q2K => {
+                blk[80..82].copy_from_slice(&h(0.001));
+                blk[82..84].copy_from_slice(&h(0.001));
+            }
+            WeightType::BF16 => {
+                blk.copy_from_slice(&quant::f32_to_bf16(rng.gen_range(-0.1..0.1)).to_le_bytes())
+            }
             WeightType::F16 => blk.copy_from_slice(&h(rng.gen_range(-0.1..0.1))),
             WeightType::F32 => blk.copy_from_slice(&rng.gen_range(-0.1f32..0.1).to_le_bytes()),
         }

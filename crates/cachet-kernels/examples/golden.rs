@@ -66,6 +66,15 @@ fn matmuls(level: Isa, pools: &[ThreadPool]) {
         WeightType::Q4_1,
         WeightType::Q4K,
         WeightType::Q6K,
+        // Appended (the earlier types keep their seeds and fingerprints).
+        WeightType::BF16,
+        WeightType::Q5_0,
+        WeightType::Q5_1,
+        WeightType::IQ4NL,
+        WeightType::Q2K,
+        WeightType::Q3K,
+        WeightType::Q5K,
+        WeightType::IQ4XS,
     ];
     for (ti, ty) in types.into_iter().enumerate() {
         let shapes: &[(usize, usize)] = if ty.block_len() == 256 {

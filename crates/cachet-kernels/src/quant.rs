@@ -19,9 +19,14 @@ pub use crate::error::KernelError;
 pub use crate::formats::blocks::{
     q4k_pack_scales, q4k_scale_min, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ6K, BlockQ8_0,
 };
-pub use crate::formats::dequant::{dequantize_block, dequantize_row_bytes};
+pub use crate::formats::dequant::{
+    bf16_to_f32, dequantize_block, dequantize_row_bytes, KVALUES_IQ4NL,
+};
+pub use crate::formats::kquants::q3k_scales;
 pub use crate::formats::quantize::{
-    quantize_block_q4_0, quantize_block_q4_1, quantize_block_q4k, quantize_block_q6k,
+    f32_to_bf16, quantize_block_iq4nl, quantize_block_iq4xs, quantize_block_q2k,
+    quantize_block_q3k, quantize_block_q4_0, quantize_block_q4_1, quantize_block_q4k,
+    quantize_block_q5_0, quantize_block_q5_1, quantize_block_q5k, quantize_block_q6k,
     quantize_block_q8_0, quantize_row,
 };
 pub use crate::formats::WeightType;

@@ -34,14 +34,24 @@ fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
 }
 
-const ALL_TYPES: [WeightType; 7] = [
-    WeightType::F32,
-    WeightType::F16,
-    WeightType::Q8_0,
+const ALL_TYPES: [WeightType; 15] = WeightType::ALL;
+
+/// The quantized types of 32-value blocks, and of 256-value super-blocks.
+const BLOCK32: [WeightType; 6] = [
     WeightType::Q4_0,
     WeightType::Q4_1,
+    WeightType::Q5_0,
+    WeightType::Q5_1,
+    WeightType::Q8_0,
+    WeightType::IQ4NL,
+];
+const BLOCK256: [WeightType; 6] = [
+    WeightType::Q2K,
+    WeightType::Q3K,
     WeightType::Q4K,
+    WeightType::Q5K,
     WeightType::Q6K,
+    WeightType::IQ4XS,
 ];
 
 // ------------------------------------------------------------------ ggml layouts
@@ -210,8 +220,12 @@ fn quantize_roundtrip_all_types() {
         let tol = match ty {
             WeightType::F32 => 0.0,
             WeightType::F16 => 1e-3,
-            WeightType::Q8_0 => 0.01,
-            WeightType::Q6K => 0.04,
+            WeightType::BF16 | WeightType::Q8_0 => 0.01,
+            WeightType::Q6K | WeightType::Q5_1 | WeightType::Q5K => 0.04,
+            // The signed abs-max maps to level −16: the other side's top step is clamped.
+            WeightType::Q5_0 => 0.07,
+            WeightType::Q3K => 0.3,
+            WeightType::Q2K => 0.45,
             _ => 0.15,
         };
         for (a, b) in out.iter().zip(&x) {
@@ -313,7 +327,7 @@ fn check_matmul(
             "wrote past m*rows"
         );
         let tol_rel = match ty {
-            WeightType::F32 | WeightType::F16 => 1e-5,
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => 1e-5,
             _ => 2e-2,
         };
         for i in 0..m {
@@ -341,13 +355,10 @@ fn check_matmul(
 fn matmul_legacy_types_all_isas() {
     let pool = ThreadPool::new(2);
     for_each_isa(|_| {
-        for ty in [
-            WeightType::Q4_0,
-            WeightType::Q4_1,
-            WeightType::Q8_0,
-            WeightType::F32,
-            WeightType::F16,
-        ] {
+        for ty in BLOCK32
+            .into_iter()
+            .chain([WeightType::F32, WeightType::F16, WeightType::BF16])
+        {
             for (rows, cols) in [(1, 32), (17, 96), (50, 576), (33, 1536), (200, 64)] {
                 check_matmul(
                     ty,
@@ -366,7 +377,7 @@ fn matmul_legacy_types_all_isas() {
 fn matmul_kquants_all_isas() {
     let pool = ThreadPool::new(3);
     for_each_isa(|_| {
-        for ty in [WeightType::Q4K, WeightType::Q6K] {
+        for ty in BLOCK256 {
             for (rows, cols) in [(1, 256), (19, 512), (40, 256)] {
                 check_matmul(
                     ty,
@@ -389,18 +400,8 @@ fn isa_levels_agree_closely() {
     let (rows, cols, m) = (45, 576, 5);
     let w = rand_vec(&mut rng, rows * cols);
     let x = rand_vec(&mut rng, m * cols);
-    for ty in [
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q8_0,
-        WeightType::Q4K,
-        WeightType::Q6K,
-    ] {
-        let cols = if matches!(ty, WeightType::Q4K | WeightType::Q6K) {
-            512
-        } else {
-            cols
-        };
+    for ty in BLOCK32.into_iter().chain(BLOCK256) {
+        let cols = if ty.block_len() == 256 { 512 } else { cols };
         let mat = QMatrix::quantize_f32(ty, rows, cols, &w[..rows * cols]).unwrap();
         let mut outs = Vec::new();
         for_each_isa(|_| {
@@ -427,13 +428,7 @@ fn isa_levels_agree_closely() {
 fn simd_levels_are_bit_identical() {
     let pool = ThreadPool::new(2);
     let mut rng = StdRng::seed_from_u64(21);
-    for ty in [
-        WeightType::Q4_0,
-        WeightType::Q4_1,
-        WeightType::Q8_0,
-        WeightType::Q4K,
-        WeightType::Q6K,
-    ] {
+    for ty in BLOCK32.into_iter().chain(BLOCK256) {
         let shapes: &[(usize, usize)] = if ty.block_len() == 256 {
             &[(19, 512), (40, 256)]
         } else {

@@ -7,6 +7,7 @@ use half::f16;
 use super::grid::{TaskGrid, CONTIGUOUS_ROWS};
 use crate::error::KernelError;
 use crate::formats::act::QAct;
+use crate::formats::dequant::bf16_to_f32;
 use crate::formats::packed::{PFmt, Packed, GROUP};
 use crate::formats::quantize::quantize_row;
 use crate::formats::WeightType;
@@ -79,6 +80,12 @@ impl QMatrix {
             WeightType::F32 => Repr::F32(
                 data.chunks_exact(4)
                     .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+            // BF16 widens to f32 exactly (its bits are the f32's top half).
+            WeightType::BF16 => Repr::F32(
+                data.chunks_exact(2)
+                    .map(|c| bf16_to_f32(u16::from_le_bytes([c[0], c[1]])))
                     .collect(),
             ),
             WeightType::F16 => Repr::F16(
@@ -499,6 +506,8 @@ mod tests {
             WeightType::Q4_1,
             WeightType::Q4K,
             WeightType::Q6K,
+            WeightType::Q3K,
+            WeightType::Q2K,
         ];
         tall_tiles_equal_four_row_tiles(
             Isa::Avx512,
@@ -508,8 +517,10 @@ mod tests {
             8,
             |_, fmt| assert_eq!(tile_rows_for(Isa::Avx512, fmt, true), 8),
         );
-        // Q8_0 and the other vendors keep 4 rows.
-        assert_eq!(tile_rows_for(Isa::Avx512, PFmt::Q8_0, true), 4);
+        // Q8_0, the other one-byte formats of 32-value blocks and the other vendors keep 4 rows.
+        for fmt in [PFmt::Q8_0, PFmt::Q5_0, PFmt::Q5K, PFmt::IQ4XS] {
+            assert_eq!(tile_rows_for(Isa::Avx512, fmt, true), 4, "{fmt:?}");
+        }
         assert_eq!(tile_rows_for(Isa::Amx, PFmt::Q4_1, false), 4);
     }
 
@@ -532,6 +543,10 @@ mod tests {
             WeightType::Q4K,
             WeightType::Q8_0,
             WeightType::Q6K,
+            WeightType::Q5_0,
+            WeightType::Q5_1,
+            WeightType::Q2K,
+            WeightType::IQ4XS,
         ];
         tall_tiles_equal_four_row_tiles(
             Isa::Avx2,
@@ -565,9 +580,16 @@ mod tests {
             WeightType::Q8_0,
             WeightType::Q4K,
             WeightType::Q6K,
+            WeightType::Q5_0,
+            WeightType::Q5_1,
+            WeightType::Q5K,
+            WeightType::Q2K,
+            WeightType::Q3K,
+            WeightType::IQ4NL,
+            WeightType::IQ4XS,
         ];
         for (ti, ty) in types.into_iter().enumerate() {
-            let kq = matches!(ty, WeightType::Q4K | WeightType::Q6K);
+            let kq = ty.block_len() == 256;
             let shapes: &[(usize, usize)] = if kq {
                 &[(1, 256), (19, 512), (40, 256)]
             } else {

@@ -4,6 +4,7 @@
 use half::f16;
 
 use super::blocks::{arr, q4k_scale_min, rd_f16};
+use super::kquants::decode_kquant;
 use super::WeightType;
 use crate::error::KernelError;
 
@@ -14,6 +15,8 @@ pub(crate) struct SubBlock {
     /// Scale, as f16 bits (legacy types) or f32 (K-quants).
     pub(crate) d: Scale,
     pub(crate) m: Option<Scale>,
+    /// The code offset when `m` is None (a power of two, so `-off * d` is exact).
+    pub(crate) off: i32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -23,7 +26,7 @@ pub(crate) enum Scale {
 }
 
 impl Scale {
-    fn f32(self) -> f32 {
+    pub(crate) fn f32(self) -> f32 {
         match self {
             Scale::H(h) => h.to_f32(),
             Scale::S(s) => s,
@@ -31,7 +34,19 @@ impl Scale {
     }
 }
 
-/// Decode one ggml block of a quantized type into sub-blocks (pushed onto `out`).
+/// ggml's `kvalues_iq4nl`: the 16 signed levels of IQ4_NL and IQ4_XS codes.
+pub const KVALUES_IQ4NL: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The unsigned code stored for IQ4 level `k` (offset 128, as Q8_0's codes).
+fn iq4_code(k: u8) -> u8 {
+    (KVALUES_IQ4NL[(k & 0xF) as usize] as i32 + 128) as u8
+}
+
+/// Decode one ggml block of a quantized type into sub-blocks (pushed onto `out`). The codes
+/// are those of the packed format the type is repacked into (`PFmt::of`): Q3_K's signed
+/// 3-bit levels shifted by 32 (as Q6_K's), IQ4 levels and Q8_0 values shifted by 128.
 pub(crate) fn decode_block(ty: WeightType, b: &[u8], out: &mut Vec<SubBlock>) {
     match ty {
         WeightType::Q4_0 | WeightType::Q4_1 => {
@@ -49,6 +64,31 @@ pub(crate) fn decode_block(ty: WeightType, b: &[u8], out: &mut Vec<SubBlock>) {
                 q,
                 d: Scale::H(d),
                 m,
+                off: 8,
+            });
+        }
+        WeightType::Q5_0 | WeightType::Q5_1 => {
+            // ggml `dequantize_row_q5_0/1`: bit j of the 32-bit `qh` is the fifth bit of
+            // value j (low nibbles of `qs`), bit j + 16 that of value j + 16 (high nibbles).
+            let (d, m, at) = if ty == WeightType::Q5_0 {
+                (rd_f16(b, 0), None, 2)
+            } else {
+                (rd_f16(b, 0), Some(Scale::H(rd_f16(b, 2))), 4)
+            };
+            let qh = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            let qs = &b[at + 4..at + 20];
+            let mut q = [0u8; 32];
+            for j in 0..16 {
+                let h0 = ((qh >> j) & 1) as u8;
+                let h1 = ((qh >> (j + 16)) & 1) as u8;
+                q[j] = (qs[j] & 0xF) | (h0 << 4);
+                q[j + 16] = (qs[j] >> 4) | (h1 << 4);
+            }
+            out.push(SubBlock {
+                q,
+                d: Scale::H(d),
+                m,
+                off: 16,
             });
         }
         WeightType::Q8_0 => {
@@ -60,6 +100,20 @@ pub(crate) fn decode_block(ty: WeightType, b: &[u8], out: &mut Vec<SubBlock>) {
                 q,
                 d: Scale::H(rd_f16(b, 0)),
                 m: None,
+                off: 128,
+            });
+        }
+        WeightType::IQ4NL => {
+            let mut q = [0u8; 32];
+            for j in 0..16 {
+                q[j] = iq4_code(b[2 + j]);
+                q[j + 16] = iq4_code(b[2 + j] >> 4);
+            }
+            out.push(SubBlock {
+                q,
+                d: Scale::H(rd_f16(b, 0)),
+                m: None,
+                off: 128,
             });
         }
         WeightType::Q4K => {
@@ -75,12 +129,11 @@ pub(crate) fn decode_block(ty: WeightType, b: &[u8], out: &mut Vec<SubBlock>) {
                         let byte = qs[32 * j + l];
                         q[l] = if h == 0 { byte & 0xF } else { byte >> 4 };
                     }
-                    let d1 = d * sc as f32;
-                    let m1 = dmin * mn as f32;
                     out.push(SubBlock {
                         q,
-                        d: Scale::S(d1),
-                        m: Some(Scale::S(-m1)),
+                        d: Scale::S(d * sc as f32),
+                        m: Some(Scale::S(-(dmin * mn as f32))),
+                        off: 0,
                     });
                 }
             }
@@ -108,10 +161,14 @@ pub(crate) fn decode_block(ty: WeightType, b: &[u8], out: &mut Vec<SubBlock>) {
                     q,
                     d: Scale::S(d * sc as f32),
                     m: None,
+                    off: 32,
                 });
             }
         }
-        WeightType::F32 | WeightType::F16 => {}
+        WeightType::Q2K | WeightType::Q3K | WeightType::Q5K | WeightType::IQ4XS => {
+            decode_kquant(ty, b, out)
+        }
+        WeightType::F32 | WeightType::F16 | WeightType::BF16 => {}
     }
 }
 
@@ -136,12 +193,13 @@ pub fn dequantize_block(ty: WeightType, bytes: &[u8], out: &mut [f32]) -> Result
     match ty {
         WeightType::F32 => out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
         WeightType::F16 => out[0] = rd_f16(bytes, 0).to_f32(),
+        WeightType::BF16 => out[0] = bf16_to_f32(u16::from_le_bytes([bytes[0], bytes[1]])),
         _ => {
             let mut subs = Vec::with_capacity(16);
             decode_block(ty, bytes, &mut subs);
             let sbk = bl / subs.len();
             for (s, o) in subs.iter().zip(out.chunks_mut(sbk)) {
-                dequant_sub(s, off_of(ty), o);
+                dequant_sub(s, o);
             }
         }
     }
@@ -175,17 +233,13 @@ pub fn dequantize_row_bytes(
     Ok(())
 }
 
-fn off_of(ty: WeightType) -> i32 {
-    match ty {
-        WeightType::Q4_0 => 8,
-        WeightType::Q8_0 => 128,
-        WeightType::Q6K => 32,
-        _ => 0,
-    }
+/// BF16 bits to f32: the top half of the f32's bits (exact).
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
 }
 
-fn dequant_sub(s: &SubBlock, off: i32, out: &mut [f32]) {
-    let d = s.d.f32();
+fn dequant_sub(s: &SubBlock, out: &mut [f32]) {
+    let (d, off) = (s.d.f32(), s.off);
     match s.m {
         Some(m) => {
             let m = m.f32();

@@ -1,81 +1,84 @@
 //! The packed (repacked) weight layout shared by every matmul micro-kernel (see the module
 //! docs of [`crate::formats`]).
 
+use half::f16;
+
 use super::blocks::rd_f16;
-use super::dequant::{decode_block, Scale};
+use super::dequant::decode_block;
 use super::WeightType;
 use crate::util::A64;
 
 /// Rows per interleaved group.
 pub(crate) const GROUP: usize = 16;
 
-/// Packed format descriptor.
+/// Packed format descriptor: the packed layout of each quantized [`WeightType`] (several types
+/// share one where their values have the same form).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum PFmt {
     /// Q4_0: 4-bit, bk 32, f16 d, off 8.
     Q4_0,
     /// Q4_1: 4-bit, bk 32, f16 d, f16 m.
     Q4_1,
-    /// Q8_0: 8-bit (code = q + 128), bk 32, f16 d, off 128.
+    /// Q8_0 and IQ4_NL: 8-bit (code = level + 128), bk 32, f16 d, off 128.
     Q8_0,
     /// Q4_K: 4-bit, bk 32, f32 d, f32 m.
     Q4K,
-    /// Q6_K: 8-bit (6-bit codes), bk 16, f32 d, off 32.
+    /// Q6_K and Q3_K: 8-bit (6-bit codes: level + 32), bk 16, f32 d, off 32.
     Q6K,
+    /// Q5_0: 8-bit (5-bit codes), bk 32, f16 d, off 16.
+    Q5_0,
+    /// Q5_1 and Q5_K: 8-bit (5-bit codes), bk 32, f32 d, f32 m (Q5_1's f16 widened exactly).
+    Q5K,
+    /// Q2_K: 8-bit (2-bit codes), bk 16, f32 d, f32 m.
+    Q2K,
+    /// IQ4_XS: 8-bit (code = level + 128), bk 32, f32 d, off 128.
+    IQ4XS,
 }
 
 /// Compile-time description of a packed format (used to monomorphise the kernels).
 pub(crate) trait Fmt {
+    /// Two 4-bit codes per byte (else one code per byte).
     const NIB: bool;
+    /// Values per block (32 or 16).
     const BK: usize;
+    /// Scales stored as f32 (else f16).
     const F32S: bool;
+    /// A stored minimum per row and block (else `c = -OFF · d`).
     const HASM: bool;
     const OFF: i32;
+    /// 8-bit codes below 64: two `vpmaddubsw` products summed in int16 cannot saturate.
+    const NARROW: bool;
     const QBYTES: usize = GROUP * Self::BK / if Self::NIB { 2 } else { 1 };
     const SBYTES: usize = if Self::F32S { 4 } else { 2 };
     const STRIDE: usize = Self::QBYTES + GROUP * Self::SBYTES * if Self::HASM { 2 } else { 1 };
 }
 
-pub(crate) struct FQ4_0;
-pub(crate) struct FQ4_1;
-pub(crate) struct FQ8_0;
-pub(crate) struct FQ4K;
-pub(crate) struct FQ6K;
-
-impl Fmt for FQ4_0 {
-    const NIB: bool = true;
-    const BK: usize = 32;
-    const F32S: bool = false;
-    const HASM: bool = false;
-    const OFF: i32 = 8;
+/// Defines a zero-sized [`Fmt`] per packed format from the runtime descriptor.
+macro_rules! fmts {
+    ($($name:ident = $pf:ident;)*) => {
+        $(
+            pub(crate) struct $name;
+            impl Fmt for $name {
+                const NIB: bool = PFmt::$pf.nib();
+                const BK: usize = PFmt::$pf.bk();
+                const F32S: bool = PFmt::$pf.f32s();
+                const HASM: bool = PFmt::$pf.hasm();
+                const OFF: i32 = PFmt::$pf.off();
+                const NARROW: bool = PFmt::$pf.narrow();
+            }
+        )*
+    };
 }
-impl Fmt for FQ4_1 {
-    const NIB: bool = true;
-    const BK: usize = 32;
-    const F32S: bool = false;
-    const HASM: bool = true;
-    const OFF: i32 = 0;
-}
-impl Fmt for FQ8_0 {
-    const NIB: bool = false;
-    const BK: usize = 32;
-    const F32S: bool = false;
-    const HASM: bool = false;
-    const OFF: i32 = 128;
-}
-impl Fmt for FQ4K {
-    const NIB: bool = true;
-    const BK: usize = 32;
-    const F32S: bool = true;
-    const HASM: bool = true;
-    const OFF: i32 = 0;
-}
-impl Fmt for FQ6K {
-    const NIB: bool = false;
-    const BK: usize = 16;
-    const F32S: bool = true;
-    const HASM: bool = false;
-    const OFF: i32 = 32;
+fmts! {
+    FQ4_0 = Q4_0;
+    FQ4_1 = Q4_1;
+    FQ8_0 = Q8_0;
+    FQ4K = Q4K;
+    FQ6K = Q6K;
+    FQ5_0 = Q5_0;
+    FQ5K = Q5K;
+    FQ2K = Q2K;
+    FIQ4XS = IQ4XS;
 }
 
 impl PFmt {
@@ -83,35 +86,46 @@ impl PFmt {
         match ty {
             WeightType::Q4_0 => Some(PFmt::Q4_0),
             WeightType::Q4_1 => Some(PFmt::Q4_1),
-            WeightType::Q8_0 => Some(PFmt::Q8_0),
+            WeightType::Q8_0 | WeightType::IQ4NL => Some(PFmt::Q8_0),
             WeightType::Q4K => Some(PFmt::Q4K),
-            WeightType::Q6K => Some(PFmt::Q6K),
-            _ => None,
+            WeightType::Q6K | WeightType::Q3K => Some(PFmt::Q6K),
+            WeightType::Q5_0 => Some(PFmt::Q5_0),
+            WeightType::Q5_1 | WeightType::Q5K => Some(PFmt::Q5K),
+            WeightType::Q2K => Some(PFmt::Q2K),
+            WeightType::IQ4XS => Some(PFmt::IQ4XS),
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => None,
         }
     }
-    pub(crate) fn nib(self) -> bool {
+    pub(crate) const fn nib(self) -> bool {
         matches!(self, PFmt::Q4_0 | PFmt::Q4_1 | PFmt::Q4K)
     }
-    pub(crate) fn bk(self) -> usize {
-        if self == PFmt::Q6K {
-            16
-        } else {
-            32
+    pub(crate) const fn bk(self) -> usize {
+        match self {
+            PFmt::Q6K | PFmt::Q2K => 16,
+            _ => 32,
         }
     }
-    pub(crate) fn f32s(self) -> bool {
-        matches!(self, PFmt::Q4K | PFmt::Q6K)
+    pub(crate) const fn f32s(self) -> bool {
+        matches!(
+            self,
+            PFmt::Q4K | PFmt::Q6K | PFmt::Q5K | PFmt::Q2K | PFmt::IQ4XS
+        )
     }
-    pub(crate) fn hasm(self) -> bool {
-        matches!(self, PFmt::Q4_1 | PFmt::Q4K)
+    pub(crate) const fn hasm(self) -> bool {
+        matches!(self, PFmt::Q4_1 | PFmt::Q4K | PFmt::Q5K | PFmt::Q2K)
     }
-    pub(crate) fn off(self) -> i32 {
+    pub(crate) const fn off(self) -> i32 {
         match self {
             PFmt::Q4_0 => 8,
-            PFmt::Q8_0 => 128,
+            PFmt::Q8_0 | PFmt::IQ4XS => 128,
             PFmt::Q6K => 32,
+            PFmt::Q5_0 => 16,
             _ => 0,
         }
+    }
+    /// 8-bit codes that stay below 64 (see [`Fmt::NARROW`]).
+    pub(crate) const fn narrow(self) -> bool {
+        matches!(self, PFmt::Q6K | PFmt::Q5_0 | PFmt::Q5K | PFmt::Q2K)
     }
     pub(crate) fn qbytes(self) -> usize {
         GROUP * self.bk() / if self.nib() { 2 } else { 1 }
@@ -182,6 +196,7 @@ impl Packed {
             }
             let (g, lane) = (r / GROUP, r % GROUP);
             for (b, s) in subs.iter().enumerate() {
+                debug_assert!(fmt.hasm() || s.off == fmt.off(), "{ty:?} in {fmt:?}");
                 let base = (g * nb + b) * stride;
                 let qdst = &mut out[base..base + qb];
                 if fmt.nib() {
@@ -198,13 +213,23 @@ impl Packed {
                         }
                     }
                 }
-                let put = |dst: &mut [u8], v: Scale| match v {
-                    Scale::H(h) => dst[..2].copy_from_slice(&h.to_bits().to_le_bytes()),
-                    Scale::S(f) => dst[..4].copy_from_slice(&f.to_le_bytes()),
+                // Scales in the format's width (an f16 widens to f32 exactly); a stored minimum
+                // for an offset code is `-off · d` (exact: the offsets are powers of two).
+                let f32s = fmt.f32s();
+                let put = |dst: &mut [u8], v: f32| {
+                    if f32s {
+                        dst[..4].copy_from_slice(&v.to_le_bytes())
+                    } else {
+                        dst[..2].copy_from_slice(&f16::from_f32(v).to_bits().to_le_bytes())
+                    }
                 };
-                put(&mut out[base + qb + lane * sb..], s.d);
-                if let Some(m) = s.m {
-                    put(&mut out[base + qb + GROUP * sb + lane * sb..], m);
+                put(&mut out[base + qb + lane * sb..], s.d.f32());
+                if fmt.hasm() {
+                    let c = match s.m {
+                        Some(m) => m.f32(),
+                        None => -(s.off as f32) * s.d.f32(),
+                    };
+                    put(&mut out[base + qb + GROUP * sb + lane * sb..], c);
                 }
             }
         }

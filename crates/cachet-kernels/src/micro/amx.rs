@@ -24,7 +24,9 @@ use std::cell::RefCell;
 
 use super::avx512::{block_scales_512, fold_block_512};
 use crate::formats::act::QAct;
-use crate::formats::packed::{Fmt, PFmt, Packed, FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0, GROUP};
+use crate::formats::packed::{
+    Fmt, PFmt, Packed, FIQ4XS, FQ2K, FQ4K, FQ4_0, FQ4_1, FQ5K, FQ5_0, FQ6K, FQ8_0, GROUP,
+};
 use crate::isa::amx::{TileCfg, Tiles, SETS};
 use crate::util::{SendPtr, A64};
 
@@ -70,6 +72,10 @@ pub(crate) unsafe fn run_job<T: Tiles>(tiles: &mut T, job: &Job) {
         PFmt::Q8_0 => kernel::<FQ8_0, T>(tiles, job),
         PFmt::Q4K => kernel::<FQ4K, T>(tiles, job),
         PFmt::Q6K => kernel::<FQ6K, T>(tiles, job),
+        PFmt::Q5_0 => kernel::<FQ5_0, T>(tiles, job),
+        PFmt::Q5K => kernel::<FQ5K, T>(tiles, job),
+        PFmt::Q2K => kernel::<FQ2K, T>(tiles, job),
+        PFmt::IQ4XS => kernel::<FIQ4XS, T>(tiles, job),
     }
 }
 

@@ -9,9 +9,10 @@
 //!   activations, for every format.
 //! * plain AVX2: `vpmaddubsw` (unsigned × signed bytes, pairs summed into saturating int16).
 //!   4-bit codes: 8 products per block sum to at most 8 · 2 · 15 · 127 = 30,480, so they
-//!   accumulate in int16 across the block and widen once (`vpmaddwd` by 1). Q6_K's 6-bit
-//!   codes: two products at most 2 · 2 · 63 · 127 = 32,004, widened every second step.
-//!   Q8_0's 8-bit codes would saturate, so each code is split into its two nibbles
+//!   accumulate in int16 across the block and widen once (`vpmaddwd` by 1). Codes below 64
+//!   (Q6_K's and Q3_K's 6-bit codes, the 5-bit formats, Q2_K): two products at most
+//!   2 · 2 · 63 · 127 = 32,004, widened every second step. Q8_0's and IQ4's 8-bit codes would
+//!   saturate, so each code is split into its two nibbles
 //!   (`code = 16 h + l`), both accumulated like 4-bit codes, and recombined exactly as
 //!   `16 Σh·a + Σl·a`.
 //!
@@ -171,8 +172,9 @@ unsafe fn tile_body<
                     for i in 0..MR {
                         acci[i] = _mm256_madd_epi16(acc16[i], ones);
                     }
-                } else if F::OFF == 32 {
-                    // 6-bit codes: two steps per int16 sum.
+                } else if F::NARROW {
+                    // Codes below 64 (Q6_K, Q3_K, the 5-bit formats, Q2_K): two steps per
+                    // int16 sum.
                     for t2 in 0..F::BK / 8 {
                         let (v0, v1) = (wv!(2 * t2), wv!(2 * t2 + 1));
                         for (i, acc) in acci.iter_mut().enumerate() {

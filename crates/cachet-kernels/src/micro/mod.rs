@@ -38,7 +38,7 @@ use crate::formats::act::QAct;
 use crate::formats::kv::{KvElem, PagedAttnArgs};
 use crate::formats::packed::{PFmt, Packed};
 #[cfg(target_arch = "x86_64")]
-use crate::formats::packed::{FQ4K, FQ4_0, FQ4_1, FQ6K, FQ8_0};
+use crate::formats::packed::{FIQ4XS, FQ2K, FQ4K, FQ4_0, FQ4_1, FQ5K, FQ5_0, FQ6K, FQ8_0};
 use crate::isa::Isa;
 use crate::util::SendPtr;
 #[cfg(target_arch = "x86_64")]
@@ -90,13 +90,20 @@ pub(crate) fn tile_rows(isa: Isa, fmt: PFmt) -> usize {
 
 /// [`tile_rows`] on an Intel CPU (`intel`) or not.
 pub(crate) fn tile_rows_for(isa: Isa, fmt: PFmt, intel: bool) -> usize {
-    if intel && isa >= Isa::Avx512 && fmt != PFmt::Q8_0 {
+    if intel && isa >= Isa::Avx512 && !wide_blocks(fmt) {
         MR_512
     } else if intel && isa == Isa::Avx2 && fmt.nib() {
         MR_AVX2
     } else {
         MR
     }
+}
+
+/// Formats with one byte per code in blocks of 32 (Q8_0's inner loop: 8 `vpdpbusd` per block
+/// and row): their AVX-512 tiles keep 4 rows, as Q8_0's measured best (see [`MR_512`]); the
+/// 5-bit and IQ4_XS formats share the loop and were not measured apart.
+pub(crate) fn wide_blocks(fmt: PFmt) -> bool {
+    !fmt.nib() && fmt.bk() == 32
 }
 
 /// Positions processed per softmax chunk.
@@ -205,6 +212,10 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
                 PFmt::Q8_0 => go!($kern, FQ8_0, $top),
                 PFmt::Q4K => go!($kern, FQ4K, $top),
                 PFmt::Q6K => go!($kern, FQ6K, $top),
+                PFmt::Q5_0 => go!($kern, FQ5_0, $top),
+                PFmt::Q5K => go!($kern, FQ5K, $top),
+                PFmt::Q2K => go!($kern, FQ2K, $top),
+                PFmt::IQ4XS => go!($kern, FIQ4XS, $top),
             }
         };
     }
@@ -224,6 +235,11 @@ fn run_tile_x86(isa: Isa, job: &TileJob) {
             PFmt::Q8_0 => go!(tile_512, FQ8_0),
             PFmt::Q4K => go!(tile_512, FQ4K, 8),
             PFmt::Q6K => go!(tile_512, FQ6K, 8),
+            PFmt::Q2K => go!(tile_512, FQ2K, 8),
+            // 8-bit codes in blocks of 32, Q8_0's inner loop: 4-row tiles as Q8_0's.
+            PFmt::Q5_0 => go!(tile_512, FQ5_0),
+            PFmt::Q5K => go!(tile_512, FQ5K),
+            PFmt::IQ4XS => go!(tile_512, FIQ4XS),
         }
     } else if isa == Isa::Avx2Vnni {
         by_fmt!(tile_avx2_vnni, 4)
