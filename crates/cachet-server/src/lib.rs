@@ -26,6 +26,7 @@ pub mod anthropic;
 mod args;
 mod auth;
 pub mod body;
+pub mod cache_header;
 pub mod cache_routes;
 mod cors;
 mod dashboard;
