@@ -14,8 +14,10 @@
 //! pool so (see [`cachet_core::events::Medium`]).
 
 pub mod config;
+pub mod held;
 pub mod log;
 pub mod publisher;
+pub mod replay;
 pub mod wire;
 
 pub use config::{KvEventsConfig, PublisherKind};

@@ -6,7 +6,10 @@
 //! replay socket: a client sends `[b"", start_seq]` (8 bytes big-endian; a REQ socket adds the
 //! empty delimiter itself, a DEALER sends it) and receives `[b"", seq, payload]` for every
 //! buffered batch with `seq >= start_seq`, then `[b"", -1, b""]` (the end marker: sequence -1 as
-//! 8 bytes, empty payload). This is vLLM's framing, which Dynamo's replay client reads.
+//! 8 bytes, empty payload). This is vLLM's framing, which Dynamo's replay client reads. A request
+//! whose frame is a msgpack map is vLLM's current replay, answered with one msgpack map: the
+//! batches, or a snapshot of every held block when the buffer no longer reaches back
+//! ([`crate::replay`]); the publisher's epoch is new at every start.
 //!
 //! [`ZmqPublisher::publish`] never blocks and never waits for a subscriber: it gives the batch
 //! its sequence number and puts it on a bounded queue (`max_queue_size`); when the queue is full
@@ -28,6 +31,8 @@ use tokio::sync::{mpsc, watch};
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
 use crate::config::{bindable, binds, KvEventsConfig};
+use crate::held::HeldBlocks;
+use crate::replay::{self, Answer, ReplayRequest};
 use crate::wire::{encode_batch, seq_frame, Encoding, END_OF_REPLAY_SEQ};
 use crate::KvEventsError;
 
@@ -58,8 +63,29 @@ pub struct ZmqPublisher {
     endpoint: String,
     bound_endpoint: Option<String>,
     replay_endpoint: Option<String>,
+    epoch: Arc<str>,
     resume: Option<watch::Sender<bool>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the replay socket answers from, updated by the publisher thread after each batch sent.
+#[derive(Default)]
+struct History {
+    /// The last `buffer_steps` batches sent, encoded.
+    buffer: VecDeque<(u64, Bytes)>,
+    /// What the batches sent say is held.
+    held: HeldBlocks,
+    /// One past the last batch sent (a consumer's next live batch after a replay).
+    next_seq: u64,
+}
+
+type Shared = Arc<Mutex<History>>;
+
+fn lock(h: &Mutex<History>) -> std::sync::MutexGuard<'_, History> {
+    match h.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
 }
 
 /// What the publisher thread needs, fixed at start.
@@ -70,6 +96,7 @@ struct Setup {
     topic: Bytes,
     encoding: Encoding,
     data_parallel_rank: u32,
+    epoch: Arc<str>,
 }
 
 impl ZmqPublisher {
@@ -106,6 +133,7 @@ impl ZmqPublisher {
         }
         let (tx, rx) = mpsc::channel(cfg.max_queue_size);
         let counters = Arc::new(Counters::default());
+        let epoch: Arc<str> = replay::new_epoch().into();
         let setup = Setup {
             endpoint: cfg.endpoint.clone(),
             replay_endpoint: cfg.replay_endpoint.clone(),
@@ -113,6 +141,7 @@ impl ZmqPublisher {
             topic: Bytes::from(cfg.topic.clone().into_bytes()),
             encoding: cfg.encoding,
             data_parallel_rank,
+            epoch: epoch.clone(),
         };
         let (resume_tx, resume_rx) = watch::channel(!paused);
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
@@ -150,6 +179,7 @@ impl ZmqPublisher {
             endpoint: cfg.endpoint.clone(),
             bound_endpoint: bound.0,
             replay_endpoint: bound.1,
+            epoch,
             resume: Some(resume_tx),
             thread: Some(thread),
         })
@@ -209,6 +239,12 @@ impl ZmqPublisher {
     /// The address the replay socket is bound to, if there is one.
     pub fn replay_endpoint(&self) -> Option<&str> {
         self.replay_endpoint.as_deref()
+    }
+
+    /// This start's publisher epoch (32 hex digits): replay consumers that knew another one get
+    /// a snapshot.
+    pub fn publisher_epoch(&self) -> &str {
+        &self.epoch
     }
 
     fn resume(&self) {
@@ -282,7 +318,7 @@ fn run_thread(
         } else {
             None
         };
-        let buffer: Arc<Mutex<VecDeque<(u64, Bytes)>>> = Arc::new(Mutex::new(VecDeque::new()));
+        let history: Shared = Arc::new(Mutex::new(History::default()));
         let mut replay_task = None;
         let mut bound_replay = None;
         if let Some(rep) = &setup.replay_endpoint {
@@ -299,15 +335,27 @@ fn run_thread(
             }
             replay_task = Some(tokio::spawn(serve_replays(
                 router,
-                buffer.clone(),
+                history.clone(),
                 counters.clone(),
+                ReplayFormat {
+                    encoding: setup.encoding,
+                    data_parallel_rank: setup.data_parallel_rank,
+                    epoch: setup.epoch.clone(),
+                },
             )));
         }
         let _ = ready.send(Ok((bound_pub.clone(), bound_replay)));
-        if bound_pub.is_none() {
-            connect_with_retry(&mut pub_socket, &setup.endpoint).await;
-        }
-        publish_loop(&setup, &mut pub_socket, rx, resume, &buffer, &counters).await;
+        let connect_to = bound_pub.is_none().then_some(setup.endpoint.as_str());
+        publish_loop(
+            &setup,
+            &mut pub_socket,
+            connect_to,
+            rx,
+            resume,
+            &history,
+            &counters,
+        )
+        .await;
         if let Some(t) = replay_task {
             t.abort();
         }
@@ -315,69 +363,155 @@ fn run_thread(
     });
 }
 
-async fn connect_with_retry(socket: &mut zeromq::PubSocket, endpoint: &str) {
-    let mut backoff = Duration::from_millis(10);
-    loop {
-        match socket.connect(endpoint).await {
-            Ok(()) => {
-                tracing::info!(endpoint, "KV events PUB socket connected");
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(endpoint, error = %e, "KV events PUB connect failed; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
+/// First and longest wait between connection attempts of a connecting PUB.
+const RECONNECT_MIN: Duration = Duration::from_millis(10);
+const RECONNECT_MAX: Duration = Duration::from_secs(1);
 
+/// Sends each batch, then records it (the replay buffer, the held set).
+///
+/// A connecting PUB (`connect_to`) keeps its connection: the `zeromq` crate's PUB never
+/// reconnects by itself (only its SUB does), so when the peer goes away (a subscriber bound at
+/// that address restarted) the socket would publish to nobody for the rest of the process. Its
+/// monitor says when the peer is gone, and this loop connects again, with backoff; batches that
+/// arrive meanwhile are recorded (a replay serves them) but sent to nobody, as a PUB without
+/// subscribers does.
 async fn publish_loop(
     setup: &Setup,
     pub_socket: &mut zeromq::PubSocket,
+    connect_to: Option<&str>,
     mut rx: mpsc::Receiver<Queued>,
     mut resume: watch::Receiver<bool>,
-    buffer: &Mutex<VecDeque<(u64, Bytes)>>,
+    history: &Mutex<History>,
     counters: &Counters,
 ) {
     if resume.wait_for(|&r| r).await.is_err() {
         return;
     }
-    while let Some(Queued { seq, batch }) = rx.recv().await {
-        let payload = Bytes::from(encode_batch(
-            &batch,
-            setup.encoding,
-            setup.data_parallel_rank,
-        ));
-        let frames = vec![
-            setup.topic.clone(),
-            Bytes::copy_from_slice(&seq_frame(seq)),
-            payload.clone(),
-        ];
-        if let Ok(msg) = ZmqMessage::try_from(frames) {
-            // A PUB send only queues for each subscriber (dropping for one that is full).
-            if let Err(e) = pub_socket.send(msg).await {
-                tracing::warn!(seq, error = %e, "KV events PUB send failed");
-            }
-        }
-        counters.sent.fetch_add(1, Ordering::Relaxed);
-        if setup.buffer_steps > 0 {
-            let mut b = match buffer.lock() {
-                Ok(b) => b,
-                Err(poisoned) => poisoned.into_inner(),
+    let mut monitor = connect_to.map(|_| pub_socket.monitor());
+    let mut connected = connect_to.is_none();
+    let mut backoff = RECONNECT_MIN;
+    loop {
+        if let (false, Some(endpoint)) = (connected, connect_to) {
+            let outcome = {
+                let connect = pub_socket.connect(endpoint);
+                tokio::pin!(connect);
+                loop {
+                    tokio::select! {
+                        r = &mut connect => break Some(r),
+                        q = rx.recv() => match q {
+                            Some(q) => record(setup, history, q, None),
+                            None => break None,
+                        },
+                    }
+                }
             };
-            if b.len() == setup.buffer_steps {
-                b.pop_front();
+            match outcome {
+                None => return,
+                Some(Ok(())) => {
+                    tracing::info!(endpoint, "KV events PUB socket connected");
+                    connected = true;
+                    backoff = RECONNECT_MIN;
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(endpoint, error = %e, "KV events PUB connect failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                }
             }
-            b.push_back((seq, payload));
+            continue;
+        }
+        tokio::select! {
+            q = rx.recv() => match q {
+                Some(q) => {
+                    let payload = send(setup, pub_socket, &q).await;
+                    counters.sent.fetch_add(1, Ordering::Relaxed);
+                    record(setup, history, q, Some(payload));
+                }
+                None => return,
+            },
+            Some(event) = next_event(&mut monitor) => {
+                if let zeromq::SocketEvent::Disconnected(_) = event {
+                    tracing::warn!(
+                        endpoint = connect_to.unwrap_or_default(),
+                        "KV events PUB peer disconnected; reconnecting"
+                    );
+                    connected = false;
+                }
+            }
         }
     }
 }
 
+/// The next monitor event; never ready without a monitor (a bound PUB).
+async fn next_event<S>(monitor: &mut Option<S>) -> Option<zeromq::SocketEvent>
+where
+    S: futures_util::Stream<Item = zeromq::SocketEvent> + Unpin,
+{
+    use futures_util::StreamExt;
+    match monitor {
+        Some(m) => m.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Encodes and sends one batch; returns the payload.
+async fn send(setup: &Setup, pub_socket: &mut zeromq::PubSocket, q: &Queued) -> Bytes {
+    let payload = Bytes::from(encode_batch(
+        &q.batch,
+        setup.encoding,
+        setup.data_parallel_rank,
+    ));
+    let frames = vec![
+        setup.topic.clone(),
+        Bytes::copy_from_slice(&seq_frame(q.seq)),
+        payload.clone(),
+    ];
+    if let Ok(msg) = ZmqMessage::try_from(frames) {
+        // A PUB send only queues for each subscriber (dropping for one that is full).
+        if let Err(e) = pub_socket.send(msg).await {
+            tracing::warn!(seq = q.seq, error = %e, "KV events PUB send failed");
+        }
+    }
+    payload
+}
+
+/// Records a batch for the replay socket (`payload`: its encoding when it was sent).
+fn record(setup: &Setup, history: &Mutex<History>, q: Queued, payload: Option<Bytes>) {
+    let Queued { seq, batch } = q;
+    let payload = payload.unwrap_or_else(|| {
+        Bytes::from(encode_batch(
+            &batch,
+            setup.encoding,
+            setup.data_parallel_rank,
+        ))
+    });
+    let mut h = lock(history);
+    if seq != h.next_seq {
+        // Batches before this one were dropped: what is held is no longer known exactly.
+        h.held.mark_incomplete();
+    }
+    h.next_seq = seq + 1;
+    h.held.apply(&batch);
+    if setup.buffer_steps > 0 {
+        if h.buffer.len() == setup.buffer_steps {
+            h.buffer.pop_front();
+        }
+        h.buffer.push_back((seq, payload));
+    }
+}
+
+/// How the replay socket encodes a snapshot batch, and the epoch it names.
+struct ReplayFormat {
+    encoding: Encoding,
+    data_parallel_rank: u32,
+    epoch: Arc<str>,
+}
+
 async fn serve_replays(
     mut router: zeromq::RouterSocket,
-    buffer: Arc<Mutex<VecDeque<(u64, Bytes)>>>,
+    history: Shared,
     counters: Arc<Counters>,
+    format: ReplayFormat,
 ) {
     loop {
         let msg = match router.recv().await {
@@ -388,47 +522,122 @@ async fn serve_replays(
                 continue;
             }
         };
-        // [identity, empty delimiter, start seq]
+        // [identity, empty delimiter, request]
         let frames = msg.into_vec();
-        if frames.len() != 3 || !frames[1].is_empty() || frames[2].len() != 8 {
+        if frames.len() != 3 || !frames[1].is_empty() {
             tracing::warn!(frames = frames.len(), "invalid KV events replay request");
             continue;
         }
         let identity = frames[0].clone();
-        let mut start = [0u8; 8];
-        start.copy_from_slice(&frames[2]);
-        let start = u64::from_be_bytes(start);
-        let batches: Vec<(u64, Bytes)> = {
-            let b = match buffer.lock() {
-                Ok(b) => b,
-                Err(poisoned) => poisoned.into_inner(),
-            };
-            b.iter().filter(|(s, _)| *s >= start).cloned().collect()
-        };
-        tracing::debug!(start, batches = batches.len(), "serving KV events replay");
-        let mut ok = true;
-        for (seq, payload) in batches {
-            let reply = vec![
-                identity.clone(),
-                Bytes::new(),
-                Bytes::copy_from_slice(&seq_frame(seq)),
-                payload,
-            ];
-            if !send_frames(&mut router, reply).await {
-                ok = false;
-                break;
+        let served = match replay::parse_request(&frames[2]) {
+            Ok(ReplayRequest::Legacy { start_seq }) => {
+                serve_legacy(&mut router, identity, start_seq, &history).await
             }
-        }
-        if ok {
-            let end = vec![
-                identity,
-                Bytes::new(),
-                Bytes::copy_from_slice(&END_OF_REPLAY_SEQ),
-                Bytes::new(),
-            ];
-            send_frames(&mut router, end).await;
+            Ok(ReplayRequest::Current {
+                start_seq,
+                publisher_epoch,
+                force_snapshot,
+            }) => {
+                let reply = current_reply(
+                    &history,
+                    &format,
+                    start_seq,
+                    publisher_epoch.as_deref(),
+                    force_snapshot,
+                );
+                send_frames(&mut router, vec![identity, Bytes::new(), reply.into()]).await
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "invalid KV events replay request");
+                let next = lock(&history).next_seq;
+                let reply = replay::encode_error(&format.epoch, next, &reason);
+                send_frames(&mut router, vec![identity, Bytes::new(), reply.into()]).await;
+                false
+            }
+        };
+        if served {
             counters.replays.fetch_add(1, Ordering::Relaxed);
         }
+    }
+}
+
+/// The legacy answer: one message per buffered batch from `start`, then the end marker.
+async fn serve_legacy(
+    router: &mut zeromq::RouterSocket,
+    identity: Bytes,
+    start: u64,
+    history: &Mutex<History>,
+) -> bool {
+    let batches: Vec<(u64, Bytes)> = lock(history)
+        .buffer
+        .iter()
+        .filter(|(s, _)| *s >= start)
+        .cloned()
+        .collect();
+    tracing::debug!(start, batches = batches.len(), "serving KV events replay");
+    for (seq, payload) in batches {
+        let reply = vec![
+            identity.clone(),
+            Bytes::new(),
+            Bytes::copy_from_slice(&seq_frame(seq)),
+            payload,
+        ];
+        if !send_frames(router, reply).await {
+            return false;
+        }
+    }
+    let end = vec![
+        identity,
+        Bytes::new(),
+        Bytes::copy_from_slice(&END_OF_REPLAY_SEQ),
+        Bytes::new(),
+    ];
+    send_frames(router, end).await
+}
+
+/// The current protocol's one answer, built under the history's lock (so the batches or the
+/// snapshot and `next_seq` describe the same moment).
+fn current_reply(
+    history: &Mutex<History>,
+    format: &ReplayFormat,
+    start_seq: u64,
+    request_epoch: Option<&str>,
+    force_snapshot: bool,
+) -> Vec<u8> {
+    let h = lock(history);
+    let epoch = &*format.epoch;
+    let answer = replay::answer_for(
+        request_epoch,
+        force_snapshot,
+        start_seq,
+        epoch,
+        h.next_seq,
+        &h.buffer,
+    );
+    tracing::debug!(
+        start_seq,
+        next_seq = h.next_seq,
+        ?answer,
+        "serving KV events replay"
+    );
+    match answer {
+        Answer::Replay => replay::encode_replayed(epoch, h.next_seq, start_seq, &h.buffer),
+        Answer::Snapshot if h.held.is_exact() => {
+            let ts = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            let batch = encode_batch(
+                &h.held.snapshot(ts),
+                format.encoding,
+                format.data_parallel_rank,
+            );
+            replay::encode_snapshot(epoch, h.next_seq, &batch)
+        }
+        Answer::Snapshot => replay::encode_error(
+            epoch,
+            h.next_seq,
+            "snapshot unavailable: batches were dropped since the cache was last cleared",
+        ),
     }
 }
 
@@ -568,5 +777,167 @@ mod tests {
             Err(e) => panic!("wrong error {e}"),
             Ok(_) => panic!("bound a taken port"),
         }
+    }
+
+    async fn bound_sub(port: &str) -> (zeromq::SubSocket, String) {
+        let mut s = zeromq::SubSocket::new();
+        let ep = s.bind(&format!("tcp://127.0.0.1:{port}")).await.unwrap();
+        s.subscribe("").await.unwrap();
+        let port = ep.to_string().rsplit(':').next().unwrap().to_string();
+        (s, port)
+    }
+
+    /// Publishes until `sub` receives a batch (a PUB drops what it sends before the
+    /// subscription is in force); returns its sequence number.
+    async fn first_received(p: &ZmqPublisher, sub: &mut zeromq::SubSocket, n: &mut u32) -> u64 {
+        for _ in 0..200 {
+            p.publish(batch(*n));
+            *n += 1;
+            let got = tokio::time::timeout(Duration::from_millis(50), sub.recv()).await;
+            if let Ok(Ok(m)) = got {
+                let f = m.into_vec();
+                assert_eq!(f.len(), 3);
+                return u64::from_be_bytes(f[1][..].try_into().unwrap());
+            }
+        }
+        panic!("no batch reached the bound SUB");
+    }
+
+    /// An endpoint without `*` connects, as vLLM's does, to a SUB bound there; when that SUB
+    /// goes away and another binds the address, the stream reaches the new one (the `zeromq`
+    /// crate's PUB does not reconnect by itself).
+    #[test]
+    fn a_connecting_publisher_reaches_a_restarted_bound_subscriber() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (mut sub, port) = rt.block_on(bound_sub("0"));
+        let mut c = cfg(1024, 0);
+        c.endpoint = format!("tcp://127.0.0.1:{port}");
+        c.replay_endpoint = None;
+        let p = ZmqPublisher::start(&c).unwrap();
+        assert_eq!(p.bound_endpoint(), None);
+        let mut n = 0;
+        let first = rt.block_on(first_received(&p, &mut sub, &mut n));
+        // Later batches follow in order.
+        let next = rt.block_on(async {
+            p.publish(batch(n));
+            let m = sub.recv().await.unwrap().into_vec();
+            u64::from_be_bytes(m[1][..].try_into().unwrap())
+        });
+        n += 1;
+        assert_eq!(next, first + 1);
+        rt.block_on(async {
+            sub.close().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        });
+        let (mut sub2, _) = rt.block_on(bound_sub(&port));
+        let again = rt.block_on(first_received(&p, &mut sub2, &mut n));
+        assert!(again > next, "{again} after {next}");
+        assert_eq!(p.dropped(), 0);
+    }
+
+    fn stored(n: u8) -> Arc<EventBatch> {
+        Arc::new(EventBatch {
+            ts: 0.0,
+            events: vec![CacheEvent::Stored {
+                hashes: vec![cachet_core::hash::BlockHash([n; 32])],
+                parent: None,
+                token_ids: vec![u32::from(n); 4],
+                block_size: 4,
+                lora_name: None,
+                cache_salt: None,
+                medium: Medium::Gpu,
+                cause: None,
+            }],
+        })
+    }
+
+    fn ask(endpoint: &str, request: &rmpv::Value) -> rmpv::Value {
+        let endpoint = endpoint.replace("0.0.0.0", "127.0.0.1");
+        let mut req = Vec::new();
+        rmpv::encode::write_value(&mut req, request).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async move {
+                let mut d = zeromq::DealerSocket::new();
+                d.connect(&endpoint).await.unwrap();
+                let frames = vec![Bytes::new(), Bytes::from(req)];
+                d.send(ZmqMessage::try_from(frames).unwrap()).await.unwrap();
+                let m = d.recv().await.unwrap().into_vec();
+                assert_eq!(m.len(), 2);
+                assert!(m[0].is_empty());
+                rmpv::decode::read_value(&mut &m[1][..]).unwrap()
+            })
+    }
+
+    fn map(entries: Vec<(&str, rmpv::Value)>) -> rmpv::Value {
+        rmpv::Value::Map(entries.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+
+    /// Three stores with a buffer of 2: from 0 a snapshot of the three blocks, from 1 the two
+    /// buffered batches, and another epoch a snapshot again.
+    #[test]
+    fn the_msgpack_replay_answers_with_batches_or_a_snapshot() {
+        let p = ZmqPublisher::start(&cfg(16, 2)).unwrap();
+        for n in 1..=3 {
+            p.publish(stored(n));
+        }
+        wait_sent(&p, 3);
+        let ep = p.replay_endpoint().unwrap().to_string();
+        let epoch = p.publisher_epoch().to_string();
+        let a = ask(&ep, &map(vec![("start_seq", 0.into())]));
+        assert_eq!(a["publisher_epoch"], rmpv::Value::from(epoch.as_str()));
+        assert_eq!(a["next_seq"], rmpv::Value::from(3));
+        let events = a["snapshot"][1].as_array().unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0]["type"], rmpv::Value::from("AllBlocksCleared"));
+        assert_eq!(events[1]["type"], rmpv::Value::from("BlockStored"));
+        // Wire hashes: the low 8 bytes, big-endian, of [n; 32].
+        let hashes: Vec<u64> = events[1]["block_hashes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h.as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            hashes,
+            vec![
+                0x0101_0101_0101_0101,
+                0x0202_0202_0202_0202,
+                0x0303_0303_0303_0303
+            ]
+        );
+        let b = ask(
+            &ep,
+            &map(vec![
+                ("start_seq", 1.into()),
+                ("publisher_epoch", epoch.as_str().into()),
+                ("force_snapshot", false.into()),
+            ]),
+        );
+        let seqs: Vec<u64> = b["replayed_batches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x[0].as_u64().unwrap())
+            .collect();
+        assert_eq!(seqs, vec![1, 2]);
+        assert_eq!(b["next_seq"], rmpv::Value::from(3));
+        let c = ask(
+            &ep,
+            &map(vec![
+                ("start_seq", 1.into()),
+                ("publisher_epoch", "x".into()),
+            ]),
+        );
+        assert!(c["snapshot"].is_array());
+        assert_eq!(p.replays(), 3);
+        // Another start, another epoch.
+        let q = ZmqPublisher::start(&cfg(16, 2)).unwrap();
+        assert_ne!(q.publisher_epoch(), p.publisher_epoch());
     }
 }

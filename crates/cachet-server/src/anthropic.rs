@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use crate::body::read_json;
+use crate::cache_header::{final_prefill, with_cache_header};
 use crate::error::{AnthropicError, ApiError};
 use crate::fields::{check_rest, Route};
 use crate::generate::{
@@ -472,7 +473,7 @@ pub async fn messages(
         if state.per_request_metrics() {
             body["metrics"] = metrics_json(&fin, billing_removed);
         }
-        Json(body).into_response()
+        with_cache_header(Json(body).into_response(), final_prefill(&fin))
     };
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert(REQUEST_ID_HEADER, v);

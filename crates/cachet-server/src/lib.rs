@@ -27,6 +27,7 @@ mod args;
 mod auth;
 mod blocking;
 pub mod body;
+pub mod cache_header;
 pub mod cache_routes;
 mod cors;
 mod dashboard;

@@ -8,6 +8,7 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use crate::body::read_json;
+use crate::cache_header::{final_prefill, with_cache_header};
 use crate::error::{ApiError, OpenAiError};
 use crate::fields::{check_rest, Route};
 use crate::generate::{response_id, Generation};
@@ -232,6 +233,7 @@ pub async fn completions(
     let mut usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
         "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}});
     let mut metrics = Vec::new();
+    let mut prefills = Vec::new();
     for r in results {
         let c = match r {
             Ok(c) => c,
@@ -249,6 +251,7 @@ pub async fn completions(
             );
         }
         metrics.push(request_metrics_json(&c.last));
+        prefills.extend(final_prefill(&c.last).copied());
     }
     let mut body = json!({
         "id": id, "object": "text_completion", "created": now_secs(), "model": model,
@@ -264,5 +267,6 @@ pub async fn completions(
             }
         };
     }
-    Ok(with_request_id(Json(body).into_response(), &id))
+    let resp = with_cache_header(Json(body).into_response(), &prefills);
+    Ok(with_request_id(resp, &id))
 }

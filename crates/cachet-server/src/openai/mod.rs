@@ -21,6 +21,7 @@ use cachet_text::{ChatMessage, ToolFormat};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use crate::cache_header::{final_prefill, with_cache_header};
 use crate::error::{ApiError, OpenAiError};
 use crate::generate::{Final, Generation, TextOptions, REQUEST_ID_HEADER};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput, StopField};
@@ -429,5 +430,6 @@ async fn run(
     if state.per_request_metrics() {
         body["metrics"] = request_metrics_json(fin);
     }
-    Ok(with_request_id(Json(body).into_response(), &id))
+    let resp = with_cache_header(Json(body).into_response(), final_prefill(fin));
+    Ok(with_request_id(resp, &id))
 }
