@@ -28,7 +28,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
 # Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test;
-# Chromium and Playwright for the dashboard's browser test.
+# Chromium and Playwright for the dashboard's browser test; Claude Code.
 scripts/test-deps-redis.sh
 scripts/test-deps-dynamo.sh
 scripts/test-deps-browser.sh
+# Claude Code (npm) for its end-to-end test.
+scripts/test-deps-claude-code.sh

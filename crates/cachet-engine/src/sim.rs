@@ -37,6 +37,12 @@ pub struct SimConfig {
     /// Fault injection: panic on the step that computes this token sequence (tests of the
     /// engine's failure path).
     pub panic_on: Option<Vec<u32>>,
+    /// A scripted reply: when set, every request's n-th generated token is `reply[n - 1]` and
+    /// the token after the last is EOS (later ones, under `ignore_eos`, are the usual draws).
+    /// The output then no longer depends on the KV, so with `full_context_check` each sample
+    /// instead verifies every fingerprint of its context against the chain recomputed from the
+    /// context's tokens, and fails the step on a wrong, stale or overwritten block.
+    pub reply: Option<Vec<u32>>,
 }
 
 impl Default for SimConfig {
@@ -55,6 +61,7 @@ impl Default for SimConfig {
             model_name: "cachet-sim".into(),
             full_context_check: true,
             panic_on: None,
+            reply: None,
         }
     }
 }
@@ -257,15 +264,18 @@ impl Executor for SimExecutor {
                     for pos in 0..end {
                         h = mix(h, self.arena[self.slot(seq.block_table, pos)?]);
                     }
+                    if self.cfg.reply.is_some() {
+                        self.verify_chain(seq.block_table, spec, end)?;
+                    }
                 } else {
                     // The last position, read back through the table like every other.
                     h = mix(h, self.arena[self.slot(seq.block_table, end - 1)?]);
                 }
                 let n_out = spec.output.len() + 1 + j;
-                let token = if self.cfg.eos_at_output == Some(n_out) {
-                    self.cfg.eos_token_id
-                } else {
-                    self.cfg.first_token + (h % vocab) as u32
+                let token = match self.scripted(n_out) {
+                    Some(t) => t,
+                    None if self.cfg.eos_at_output == Some(n_out) => self.cfg.eos_token_id,
+                    None => self.cfg.first_token + (h % vocab) as u32,
                 };
                 let token = self.steer(h, token, spec.params);
                 let draw = |h: u64, token: u32| match spec.params.logprobs {
@@ -279,7 +289,9 @@ impl Executor for SimExecutor {
                         .zip(spec.forks)
                         .map(|(i, params)| {
                             let hi = mix(h, 0x5eed_0000 + i as u64);
-                            let t = self.cfg.first_token + (hi % vocab) as u32;
+                            let t = self
+                                .scripted(n_out)
+                                .unwrap_or(self.cfg.first_token + (hi % vocab) as u32);
                             draw(hi, self.steer(hi, t, params))
                         })
                         .collect();
@@ -308,6 +320,44 @@ impl Executor for SimExecutor {
 }
 
 impl SimExecutor {
+    /// The scripted reply's `n_out`-th token (counted from 1): the reply's token, EOS just
+    /// after it, `None` past that or without a script.
+    fn scripted(&self, n_out: usize) -> Option<u32> {
+        let reply = self.cfg.reply.as_ref()?;
+        match n_out.checked_sub(1).and_then(|i| reply.get(i)) {
+            Some(&t) => Some(t),
+            None if n_out == reply.len() + 1 => Some(self.cfg.eos_token_id),
+            None => None,
+        }
+    }
+
+    /// Check that positions `0..end` hold the fingerprint chain of the context's tokens (the
+    /// committed tokens, then the drafts): a wrong, stale or overwritten block fails the step.
+    fn verify_chain(
+        &self,
+        table: &[u32],
+        spec: &cachet_core::exec::SampleSpec<'_>,
+        end: usize,
+    ) -> Result<(), ExecError> {
+        let context = spec
+            .prompt
+            .iter()
+            .chain(spec.output)
+            .chain(spec.drafts)
+            .take(end);
+        let mut prev = SEED;
+        for (pos, &tok) in context.enumerate() {
+            prev = mix(prev, (tok as u64) << 32 | pos as u64);
+            if self.arena[self.slot(table, pos)?] != prev {
+                return Err(ExecError::Failed(format!(
+                    "simulated executor: the KV at position {pos} does not hold its context's \
+                     fingerprint (a wrong, stale or overwritten block)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// The simulator's answer to `logit_bias` and a constraint (its "logits" are flat over
     /// `first_token..first_token + vocab_size`): a bias of +50 or more forces the token (the
     /// largest such bias, lowest id on ties), -50 or less bans it (the choice moves to another

@@ -17,6 +17,9 @@ pub struct Agent {
     /// calls are parsed.
     pub markers_special: bool,
     pub keep_billing_header: bool,
+    /// `--reasoning-parser`: how the model's reasoning is told from its answer (`None`: it is
+    /// not, the reasoning stays in the answer text).
+    pub reasoning: Option<cachet_text::ReasoningFormat>,
 }
 
 impl Agent {
@@ -39,6 +42,7 @@ impl Agent {
             caps,
             markers_special: crate::tools::markers_are_special(tok, format),
             keep_billing_header,
+            reasoning: None,
         }
     }
 }

@@ -130,6 +130,13 @@ pub struct MessagesRequest {
     /// The earlier name of `output_config.format`.
     #[serde(default)]
     pub output_format: Option<Value>,
+    /// `{"type": "enabled" | "adaptive" | "disabled"}`: whether thinking blocks are returned
+    /// (with `--reasoning-parser`) and `enable_thinking` for the chat template.
+    #[serde(default)]
+    pub thinking: Option<Value>,
+    /// `{"edits": [...]}` ([`crate::context_edits`]).
+    #[serde(default)]
+    pub context_management: Option<Value>,
     /// Every other field: checked against the field table ([`crate::fields`]).
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
@@ -158,6 +165,7 @@ fn to_chat(
     system: Option<&Content>,
     messages: &[MessageIn],
     keep_billing: bool,
+    mid_system: bool,
 ) -> Result<(Vec<ChatMessage>, bool), ApiError> {
     if messages.is_empty() {
         return Err(ApiError::bad_param(
@@ -188,10 +196,27 @@ fn to_chat(
             chat.push(ChatMessage::new(Role::System, s));
         }
     }
-    for m in messages {
+    // The ids of the tool uses the latest assistant turn made (tool results answer them).
+    let mut open_uses: Vec<&str> = Vec::new();
+    for (mi, m) in messages.iter().enumerate() {
         let role = match m.role.as_str() {
             "user" => Role::User,
             "assistant" => Role::Assistant,
+            "system" if mid_system => {
+                chat.push(ChatMessage::new(
+                    Role::System,
+                    m.content.to_text("messages")?,
+                ));
+                continue;
+            }
+            "system" => {
+                return Err(ApiError::bad_param(
+                    "messages",
+                    format!(
+                        "Unexpected role `system`: a system message inside `messages` needs the `anthropic-beta: {MID_CONVERSATION_SYSTEM_BETA}` header; otherwise use the top-level `system` field."
+                    ),
+                ))
+            }
             other => {
                 return Err(ApiError::bad_param(
                     "messages",
@@ -202,6 +227,7 @@ fn to_chat(
                 ))
             }
         };
+        let answered = std::mem::take(&mut open_uses);
         let blocks = match &m.content {
             Content::Text(s) => {
                 chat.push(ChatMessage::new(role, s.clone()));
@@ -211,7 +237,7 @@ fn to_chat(
         };
         let mut text = String::new();
         let mut calls = Vec::new();
-        for b in blocks {
+        for (bi, b) in blocks.iter().enumerate() {
             match (b.kind.as_str(), role) {
                 ("text", _) => text.push_str(b.text.as_deref().unwrap_or_default()),
                 ("tool_use", Role::Assistant) => {
@@ -221,6 +247,7 @@ fn to_chat(
                             "A `tool_use` block needs `id` and `name`.",
                         ));
                     };
+                    open_uses.push(id);
                     let input = b.input.clone().unwrap_or_else(|| json!({}));
                     calls.push(ToolCall::function(
                         id.clone(),
@@ -239,6 +266,16 @@ fn to_chat(
                             "A `tool_result` block needs `tool_use_id`.",
                         ));
                     };
+                    if !answered.contains(&id.as_str()) {
+                        // Anthropic's words.
+                        return Err(ApiError::bad_param(
+                            "messages",
+                            format!(
+                                "messages.{mi}.content.{bi}: unexpected `tool_use_id` found in `tool_result` blocks: {}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                                crate::error::clip(id)
+                            ),
+                        ));
+                    }
                     let mut content = match &b.content {
                         Some(c) => c.to_text("messages")?,
                         None => String::new(),
@@ -270,17 +307,90 @@ fn to_chat(
     Ok((chat, removed))
 }
 
-/// The rendered prompt of a Messages request and the tool plan; whether the billing line was
-/// removed.
+/// The `anthropic-beta` value that allows `role: "system"` messages inside `messages`.
+pub const MID_CONVERSATION_SYSTEM_BETA: &str = "mid-conversation-system-2026-04-07";
+
+/// What the `signature` of a thinking block holds: cachet does not sign thinking (and drops
+/// thinking blocks sent back in the history), so this marks the block as cachet's, nothing more.
+pub const THINKING_SIGNATURE: &str = "cachet-unsigned";
+
+/// Whether the request carries beta `name` in an `anthropic-beta` header (comma-separated).
+fn has_beta(headers: &HeaderMap, name: &str) -> bool {
+    headers
+        .get_all("anthropic-beta")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|b| b.trim() == name)
+}
+
+/// `thinking`: whether thinking is on (`enabled`, `adaptive`) or off (`disabled`, absent).
+fn thinking_on(thinking: Option<&Value>) -> Result<bool, ApiError> {
+    match thinking {
+        None | Some(Value::Null) => Ok(false),
+        Some(t) => match t.get("type").and_then(Value::as_str) {
+            Some("enabled" | "adaptive") => Ok(true),
+            Some("disabled") => Ok(false),
+            _ => Err(ApiError::bad_param(
+                "thinking",
+                "`thinking.type` must be `enabled`, `adaptive` or `disabled`.",
+            )),
+        },
+    }
+}
+
+/// How a Messages request's prompt is built beyond its messages.
+#[derive(Default)]
+struct PromptOptions<'a> {
+    edits: &'a [crate::context_edits::Edit],
+    /// `role: "system"` messages allowed inside `messages` (the beta).
+    mid_system: bool,
+    /// Extra chat-template variables (`enable_thinking`, `reasoning_effort`).
+    kwargs: serde_json::Map<String, Value>,
+}
+
+/// A Messages request's prompt.
+struct Prompt {
+    tokens: Vec<u32>,
+    rendered: String,
+    plan: ToolPlan,
+    /// Claude Code's billing line was removed.
+    billing_removed: bool,
+    /// `context_management.applied_edits`.
+    applied_edits: Vec<Value>,
+}
+
+/// The template variables of a Messages request: `enable_thinking` from `thinking` (with a
+/// reasoning parser) and `reasoning_effort` from `output_config.effort`.
+fn template_kwargs(
+    state: &AppState,
+    thinking: Option<&Value>,
+    output_config: Option<&Value>,
+) -> Result<serde_json::Map<String, Value>, ApiError> {
+    let mut kw = serde_json::Map::new();
+    let on = thinking_on(thinking)?;
+    if state.agent().reasoning.is_some() {
+        kw.insert("enable_thinking".into(), json!(on));
+    }
+    if let Some(e) = output_config
+        .and_then(|c| c.get("effort"))
+        .and_then(Value::as_str)
+    {
+        kw.insert("reasoning_effort".into(), json!(e));
+    }
+    Ok(kw)
+}
+
+/// The rendered prompt of a Messages request (after its context edits) and the tool plan.
 fn prompt_of(
     state: &AppState,
     system: Option<&Content>,
     messages: &[MessageIn],
     tools: Option<Vec<AnthropicTool>>,
     tool_choice: Option<&Value>,
-) -> Result<(Vec<u32>, ToolPlan, bool), ApiError> {
+    opts: &PromptOptions<'_>,
+) -> Result<Prompt, ApiError> {
     let agent = state.agent();
-    let (chat, removed) = to_chat(system, messages, agent.keep_billing_header)?;
     let tools = anthropic_tools(tools)?;
     let (choice, parallel) = anthropic_tool_choice(tool_choice, &tools)?;
     let plan = ToolPlan {
@@ -289,20 +399,43 @@ fn prompt_of(
         parallel,
         format: agent.format,
     };
-    let chat = plan.messages_for(agent.caps, chat);
     let values = plan.tool_values();
-    let mut tr = cachet_text::ChatRequest::new(&chat, true);
-    if plan.template_tools(agent.caps) {
-        tr = tr.with_tools(&values);
-    }
     let tok = state.tokenizer();
-    let rendered = tok.render_chat(&tr).map_err(|e| {
-        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
-    })?;
-    let prompt = tok
-        .encode(&rendered, false)
-        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
-    Ok((prompt, plan, removed))
+    let render = |messages: &[MessageIn]| -> Result<(String, Vec<u32>, bool), ApiError> {
+        let (chat, removed) =
+            to_chat(system, messages, agent.keep_billing_header, opts.mid_system)?;
+        let chat = plan.messages_for(agent.caps, chat);
+        let mut tr = cachet_text::ChatRequest::new(&chat, true);
+        if plan.template_tools(agent.caps) {
+            tr = tr.with_tools(&values);
+        }
+        if !opts.kwargs.is_empty() {
+            tr = tr.with_kwargs(&opts.kwargs);
+        }
+        let rendered = tok.render_chat(&tr).map_err(|e| {
+            ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
+        })?;
+        let prompt = tok
+            .encode(&rendered, false)
+            .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;
+        Ok((rendered, prompt, removed))
+    };
+    let (applied_edits, (rendered, tokens, billing_removed)) = if opts.edits.is_empty() {
+        (Vec::new(), render(messages)?)
+    } else {
+        let mut edited = messages.to_vec();
+        let applied = crate::context_edits::apply_all(opts.edits, &mut edited, |m| {
+            render(m).map(|r| r.1.len() as u64)
+        })?;
+        (applied, render(&edited)?)
+    };
+    Ok(Prompt {
+        tokens,
+        rendered,
+        plan,
+        billing_removed,
+        applied_edits,
+    })
 }
 
 /// `output_config.format` / `output_format`: `{"type": "json_schema", "schema"}`.
@@ -328,6 +461,7 @@ fn output_schema(req: &MessagesRequest) -> Result<Option<Value>, ApiError> {
 /// for the same body (tools and all).
 pub async fn count_tokens(
     State(state): State<AppState>,
+    headers: HeaderMap,
     body: Body,
 ) -> Result<Response, AnthropicError> {
     let req: CountTokensRequest = read_json(body, state.max_body_bytes()).await?;
@@ -340,14 +474,28 @@ pub async fn count_tokens(
             .any(|f| f.name == k && matches!(f.use_, crate::fields::Use::Yes(_)))
     });
     check_rest(Route::Messages, &rest)?;
-    let (prompt, _, _) = prompt_of(
+    let edits = match req.rest.get("context_management") {
+        Some(v) if !v.is_null() => crate::context_edits::parse(v)?,
+        _ => Vec::new(),
+    };
+    let opts = PromptOptions {
+        edits: &edits,
+        mid_system: has_beta(&headers, MID_CONVERSATION_SYSTEM_BETA),
+        kwargs: template_kwargs(
+            &state,
+            req.rest.get("thinking"),
+            req.rest.get("output_config"),
+        )?,
+    };
+    let prompt = prompt_of(
         &state,
         req.system.as_ref(),
         &req.messages,
         req.tools.clone(),
         req.tool_choice.as_ref(),
+        &opts,
     )?;
-    Ok(Json(json!({"input_tokens": prompt.len()})).into_response())
+    Ok(Json(json!({"input_tokens": prompt.tokens.len()})).into_response())
 }
 
 fn stop_reason(f: &Final, called: bool) -> (&'static str, Value) {
@@ -373,16 +521,57 @@ pub async fn messages(
     let req: MessagesRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.model.as_deref())?;
     check_rest(Route::Messages, &req.rest)?;
-    let (prompt, plan, billing_removed) = prompt_of(
+    let edits = match &req.context_management {
+        Some(v) if !v.is_null() => crate::context_edits::parse(v)?,
+        _ => Vec::new(),
+    };
+    let opts = PromptOptions {
+        edits: &edits,
+        mid_system: has_beta(&headers, MID_CONVERSATION_SYSTEM_BETA),
+        kwargs: template_kwargs(&state, req.thinking.as_ref(), req.output_config.as_ref())?,
+    };
+    let Prompt {
+        tokens: prompt,
+        rendered,
+        plan,
+        billing_removed,
+        applied_edits,
+    } = prompt_of(
         &state,
         req.system.as_ref(),
         &req.messages,
         req.tools.clone(),
         req.tool_choice.as_ref(),
+        &opts,
     )?;
+    let context_management = req
+        .context_management
+        .as_ref()
+        .filter(|v| !v.is_null())
+        .map(|_| json!({"applied_edits": applied_edits}));
+    // Agents size `max_tokens` for 200k-token models: what the context leaves is the most
+    // this request can write (a prompt that fills the context stays the engine's 400).
+    let room = state.max_model_len().saturating_sub(prompt.len());
+    let max_tokens = match u32::try_from(room) {
+        _ if room == 0 => req.max_tokens,
+        Ok(r) => req.max_tokens.min(r),
+        Err(_) => req.max_tokens,
+    };
+    // Reasoning is parsed out with `--reasoning-parser`; shown as thinking blocks when the
+    // request turned thinking on, and dropped otherwise.
+    let reasoning = state.agent().reasoning.map(|f| Reasoning {
+        parser: cachet_text::ReasoningParser::new(f, &rendered),
+        shown: opts.kwargs.get("enable_thinking") == Some(&json!(true)),
+        omitted: req
+            .thinking
+            .as_ref()
+            .and_then(|t| t.get("display"))
+            .and_then(Value::as_str)
+            == Some("omitted"),
+    });
     let answer_schema = output_schema(&req)?;
     let input = SamplingInput {
-        max_tokens: Some(req.max_tokens),
+        max_tokens: Some(max_tokens),
         temperature: req.temperature,
         top_p: req.top_p,
         top_k: req.top_k,
@@ -419,17 +608,43 @@ pub async fn messages(
     let id = gen.request_id().to_string();
     let tools = (parse, plan.parallel);
     let mut resp = if req.stream.unwrap_or(false) {
+        let extras = StreamExtras {
+            billing_removed,
+            context_management,
+        };
         crate::generate::utf8_event_stream(
-            Sse::new(stream_events(state, gen, model, tools, billing_removed)).into_response(),
+            Sse::new(stream_events(state, gen, model, tools, reasoning, extras)).into_response(),
         )
     } else {
         let mut text = String::new();
+        let mut thinking: Option<String> = None;
+        let mut reasoning = reasoning;
         let mut fin = None;
         while let Some(ev) = gen.next().await {
             match ev {
-                GenEvent::Delta(d) => text.push_str(&d.text),
+                GenEvent::Delta(d) => match &mut reasoning {
+                    Some(r) => {
+                        let d = r.parser.push(&d.text);
+                        if d.in_reasoning {
+                            thinking
+                                .get_or_insert_with(String::new)
+                                .push_str(&d.reasoning);
+                        }
+                        text.push_str(&d.content);
+                    }
+                    None => text.push_str(&d.text),
+                },
                 GenEvent::Done(f) => fin = Some(f),
             }
+        }
+        if let Some(r) = &mut reasoning {
+            let d = r.parser.finish();
+            if d.in_reasoning {
+                thinking
+                    .get_or_insert_with(String::new)
+                    .push_str(&d.reasoning);
+            }
+            text.push_str(&d.content);
         }
         let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
         if let Some(e) = &fin.error {
@@ -447,6 +662,14 @@ pub async fn messages(
             calls.truncate(1);
         }
         let mut content = Vec::new();
+        if let (Some(t), Some(r)) = (&thinking, &reasoning) {
+            if r.shown {
+                let t = if r.omitted { "" } else { t.as_str() };
+                content.push(
+                    json!({"type": "thinking", "thinking": t, "signature": THINKING_SIGNATURE}),
+                );
+            }
+        }
         if !content_text.is_empty() || calls.is_empty() {
             content.push(json!({"type": "text", "text": content_text}));
         }
@@ -467,6 +690,9 @@ pub async fn messages(
             "stop_sequence": seq,
             "usage": anthropic_usage(&fin),
         });
+        if let Some(c) = context_management {
+            body["context_management"] = c;
+        }
         if let Some(s) = &fin.session {
             body["session"] = session_json(s);
         }
@@ -511,47 +737,110 @@ fn aborted(gen: &Generation) -> Final {
     }
 }
 
-/// Content blocks of a streamed answer, opened as they come: text, then tool_use blocks.
+/// The reasoning of a Messages answer: its parser, whether it is shown (thinking on), and
+/// whether its text is left out of the thinking blocks (`thinking.display: "omitted"`).
+struct Reasoning {
+    parser: cachet_text::ReasoningParser,
+    shown: bool,
+    omitted: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BlockKind {
+    Thinking,
+    Text,
+    ToolUse,
+}
+
+/// Content blocks of a streamed answer, opened as they come: thinking, text, then tool_use
+/// blocks.
 struct Blocks {
+    reasoning: Option<Reasoning>,
     parser: Option<cachet_text::ToolCallParser>,
     parallel: bool,
-    /// Index of the open block and whether it is text.
-    open: Option<(usize, bool)>,
+    /// Index and kind of the open block.
+    open: Option<(usize, BlockKind)>,
     next: usize,
     called: bool,
+    /// A text block was opened.
+    texted: bool,
 }
 
 impl Blocks {
     fn events(&mut self, text: Option<&str>) -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        let answer = match &mut self.reasoning {
+            Some(r) => {
+                let d = match text {
+                    Some(t) => r.parser.push(t),
+                    None => r.parser.finish(),
+                };
+                if r.shown && d.in_reasoning {
+                    let omitted = r.omitted;
+                    let i = self.open_block(BlockKind::Thinking, &mut out);
+                    if !omitted && !d.reasoning.is_empty() {
+                        out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "thinking_delta", "thinking": d.reasoning}})));
+                    }
+                }
+                match text {
+                    Some(_) => Some(d.content),
+                    None => {
+                        self.answer_events(Some(&d.content), &mut out);
+                        None
+                    }
+                }
+            }
+            None => text.map(str::to_string),
+        };
+        self.answer_events(answer.as_deref(), &mut out);
+        out
+    }
+
+    /// Open a block of `kind` unless one is open (closing another kind first); its index.
+    fn open_block(&mut self, kind: BlockKind, out: &mut Vec<(&'static str, Value)>) -> usize {
+        if let Some((i, k)) = self.open {
+            if k == kind {
+                return i;
+            }
+        }
+        self.close(out);
+        let i = self.next;
+        self.next += 1;
+        self.open = Some((i, kind));
+        self.texted |= kind == BlockKind::Text;
+        let block = match kind {
+            BlockKind::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            _ => json!({"type": "text", "text": ""}),
+        };
+        out.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": block}),
+        ));
+        i
+    }
+
+    fn answer_events(&mut self, text: Option<&str>, out: &mut Vec<(&'static str, Value)>) {
         let evs = match (&mut self.parser, text) {
             (Some(p), Some(t)) => p.push(t),
             (Some(p), None) => p.finish(),
             (None, Some(t)) if !t.is_empty() => vec![ToolEvent::Content(t.to_string())],
             (None, _) => Vec::new(),
         };
-        let mut out = Vec::new();
         for e in evs {
             match e {
                 ToolEvent::Content(t) => {
-                    if !matches!(self.open, Some((_, true))) {
-                        self.close(&mut out);
-                        let i = self.next;
-                        self.next += 1;
-                        self.open = Some((i, true));
-                        out.push(("content_block_start", json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}})));
-                    }
-                    let i = self.open.map_or(0, |o| o.0);
+                    let i = self.open_block(BlockKind::Text, out);
                     out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}})));
                 }
                 ToolEvent::Start { index, name } => {
                     if index > 0 && !self.parallel {
                         continue;
                     }
-                    self.close(&mut out);
+                    self.close(out);
                     self.called = true;
                     let i = self.next;
                     self.next += 1;
-                    self.open = Some((i, false));
+                    self.open = Some((i, BlockKind::ToolUse));
                     out.push(("content_block_start", json!({"type": "content_block_start", "index": i,
                         "content_block": {"type": "tool_use", "id": crate::tools::new_tool_use_id(), "name": name, "input": {}}})));
                 }
@@ -562,14 +851,17 @@ impl Blocks {
                     let i = self.open.map_or(0, |o| o.0);
                     out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "input_json_delta", "partial_json": text}})));
                 }
-                ToolEvent::End { .. } => self.close(&mut out),
+                ToolEvent::End { .. } => self.close(out),
             }
         }
-        out
     }
 
+    /// Close the open block; a thinking block gets its `signature_delta` first.
     fn close(&mut self, out: &mut Vec<(&'static str, Value)>) {
-        if let Some((i, _)) = self.open.take() {
+        if let Some((i, kind)) = self.open.take() {
+            if kind == BlockKind::Thinking {
+                out.push(("content_block_delta", json!({"type": "content_block_delta", "index": i, "delta": {"type": "signature_delta", "signature": THINKING_SIGNATURE}})));
+            }
             out.push((
                 "content_block_stop",
                 json!({"type": "content_block_stop", "index": i}),
@@ -578,12 +870,19 @@ impl Blocks {
     }
 }
 
+/// What the last events of a stream carry besides usage.
+struct StreamExtras {
+    billing_removed: bool,
+    context_management: Option<Value>,
+}
+
 fn stream_events(
     state: AppState,
     mut gen: Generation,
     model: String,
     tools: (Option<ToolFormat>, bool),
-    billing_removed: bool,
+    reasoning: Option<Reasoning>,
+    extras: StreamExtras,
 ) -> impl futures_util::Stream<Item = Result<Event, Infallible>> + Send + 'static {
     async_stream::stream! {
         let id = gen.request_id().to_string();
@@ -601,16 +900,21 @@ fn stream_events(
             start["message"]["session"] = session_json(s);
         }
         yield event("message_start", &start);
+        let thinking_shown = reasoning.as_ref().is_some_and(|r| r.shown);
         let mut blocks = Blocks {
+            reasoning,
             parser: tools.0.map(cachet_text::ToolCallParser::new),
             parallel: tools.1,
             open: None,
             next: 0,
             called: false,
+            texted: false,
         };
-        if blocks.parser.is_none() {
+        if blocks.parser.is_none() && !thinking_shown {
             // Plain text: the one text block opens at once, as before.
-            for (name, v) in blocks.events(Some(" ")).into_iter().take(1) {
+            let mut out = Vec::new();
+            blocks.open_block(BlockKind::Text, &mut out);
+            for (name, v) in out {
                 yield event(name, &v);
             }
         }
@@ -635,11 +939,10 @@ fn stream_events(
             return;
         }
         let mut tail = blocks.events(None);
-        if blocks.next == 0 {
-            // Nothing at all was written: one empty text block.
-            tail.push(("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
-            blocks.open = Some((0, true));
-            blocks.next = 1;
+        if !blocks.called && !blocks.texted {
+            // No answer was written (thinking at most): one empty text block, as the
+            // collected answer has.
+            blocks.open_block(BlockKind::Text, &mut tail);
         }
         blocks.close(&mut tail);
         for (name, v) in tail {
@@ -651,11 +954,14 @@ fn stream_events(
             "delta": {"stop_reason": reason, "stop_sequence": seq},
             "usage": anthropic_usage(&fin),
         });
+        if let Some(c) = &extras.context_management {
+            delta["context_management"] = c.clone();
+        }
         if let Some(s) = &fin.session {
             delta["session"] = session_json(s);
         }
         if state.per_request_metrics() {
-            delta["metrics"] = metrics_json(&fin, billing_removed);
+            delta["metrics"] = metrics_json(&fin, extras.billing_removed);
         }
         yield event("message_delta", &delta);
         yield event("message_stop", &json!({"type": "message_stop"}));

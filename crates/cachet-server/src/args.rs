@@ -74,6 +74,10 @@ pub struct ServerArgs {
     /// in the prompt. By default it is removed: its nonce defeats prefix caching.
     #[arg(long)]
     pub keep_billing_header: bool,
+    /// Separate the model's `<think>` reasoning from its answer (vLLM's flag): `qwen3` or
+    /// `deepseek_r1`. Off by default: the reasoning stays in the answer text.
+    #[arg(long, value_parser = parse_reasoning_parser)]
+    pub reasoning_parser: Option<cachet_text::ReasoningFormat>,
     /// The engine's KV cache events, for `GET /v1/cache/events` (set by the binary when the
     /// engine publishes to it; not a flag).
     #[arg(skip)]
@@ -98,9 +102,15 @@ impl Default for ServerArgs {
             max_large_requests: DEFAULT_MAX_LARGE_REQUESTS,
             tool_call_parser: None,
             keep_billing_header: false,
+            reasoning_parser: None,
             event_log: None,
         }
     }
+}
+
+fn parse_reasoning_parser(name: &str) -> Result<cachet_text::ReasoningFormat, String> {
+    cachet_text::ReasoningFormat::parse(name)
+        .ok_or_else(|| format!("unknown reasoning parser {name:?} (expected qwen3 or deepseek_r1)"))
 }
 
 impl ServerArgs {

@@ -72,10 +72,6 @@ fn medium(v: &Value) -> bool {
     v.as_str() == Some("medium")
 }
 
-fn effort_none(v: &Value) -> bool {
-    v.as_str() == Some("none")
-}
-
 /// Fields shared by chat and text completions (vLLM's names for the extensions).
 macro_rules! common {
     () => {
@@ -188,10 +184,9 @@ const CHAT_ONLY: [Field; 28] = [
         "deprecated by OpenAI: send `tool_choice`",
         never,
     ),
-    rejected(
+    yes(
         "reasoning_effort",
-        "cachet's models have no reasoning mode",
-        effort_none,
+        "passed to the chat template as `reasoning_effort` (templates that use it)",
     ),
     rejected("verbosity", "not adjustable", medium),
     rejected("web_search_options", "no web search", never),
@@ -223,8 +218,14 @@ const COMPLETIONS_ONLY: [Field; 5] = [
 /// `/v1/messages`.
 pub const MESSAGES: &[Field] = &[
     yes("model", "must be a served name (`/v1/models`)"),
-    yes("messages", "text, tool_use and tool_result blocks"),
-    yes("max_tokens", "required"),
+    yes(
+        "messages",
+        "text, tool_use and tool_result blocks (a result must answer a tool_use of the previous turn); `role: \"system\"` with the `mid-conversation-system-2026-04-07` beta",
+    ),
+    yes(
+        "max_tokens",
+        "required; clamped to what the context leaves after the prompt",
+    ),
     yes("system", "a string or text blocks"),
     yes(
         "stop_sequences",
@@ -241,7 +242,7 @@ pub const MESSAGES: &[Field] = &[
     ),
     yes(
         "output_config",
-        "`format` (json_schema by grammar); `effort` accepted and meaningless",
+        "`format` (json_schema by grammar); `effort` passed to the chat template as `reasoning_effort`",
     ),
     yes("output_format", "as output_config.format"),
     yes("metadata", "an object; stored nowhere"),
@@ -254,9 +255,9 @@ pub const MESSAGES: &[Field] = &[
         "cache_control",
         "prefix caching is automatic (every block boundary)",
     ),
-    ignored(
+    yes(
         "thinking",
-        "cachet's models have no thinking mode: no thinking block is returned",
+        "enabled/adaptive/disabled: `enable_thinking` for the template; with `--reasoning-parser`, thinking blocks (`signature` is not a real signature)",
     ),
     ignored("service_tier", "one tier"),
     ignored("inference_geo", "one place"),
@@ -266,7 +267,10 @@ pub const MESSAGES: &[Field] = &[
     ignored("workspace_id", "no workspaces"),
     rejected("container", "no code execution", never),
     rejected("mcp_servers", "no MCP connector", never),
-    rejected("context_management", "the prompt is never edited", never),
+    yes(
+        "context_management",
+        "`clear_thinking_20251015`, `clear_tool_uses_20250919` applied to the prompt; `applied_edits` reported",
+    ),
 ];
 
 /// Fields of `/v1/messages/count_tokens` beyond the ones it shares with `/v1/messages`.

@@ -29,6 +29,7 @@ mod blocking;
 pub mod body;
 pub mod cache_header;
 pub mod cache_routes;
+pub mod context_edits;
 mod cors;
 mod dashboard;
 pub mod error;
@@ -98,11 +99,12 @@ impl AppState {
         metrics: MetricsHandle,
         args: &ServerArgs,
     ) -> Self {
-        let agent = agent::Agent::new(
+        let mut agent = agent::Agent::new(
             tokenizer.as_ref(),
             args.tool_call_parser.as_deref(),
             args.keep_billing_header,
         );
+        agent.reasoning = args.reasoning_parser;
         let model_names = if args.served_model_name.is_empty() {
             vec![engine.model().name.clone()]
         } else {

@@ -83,6 +83,12 @@ pub fn openai_usage(f: &Final) -> Value {
     })
 }
 
+/// OpenAI's `completion_tokens_details.reasoning_tokens` (sent when a reasoning parser runs):
+/// the generated tokens whose text lay in the reasoning block, its tags included.
+pub fn with_reasoning_tokens(usage: &mut Value, reasoning_tokens: u64) {
+    usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning_tokens});
+}
+
 /// Anthropic `usage` from the prompt numbers: `input_tokens` is what was neither read from nor
 /// written to the cache (never negative).
 fn anthropic_usage_of((prompt, read, creation): (u64, u64, u64), output: u64) -> Value {

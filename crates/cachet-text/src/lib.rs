@@ -14,10 +14,13 @@
 //! * [`StopMatcher`]: stop strings over a stream of deltas on one Aho-Corasick automaton, with
 //!   documented limits ([`stop`]); [`TokenStops`]: the same strings on token ids, for the
 //!   engine to end a request at the token that completes one ([`token_stop`]).
+//! * [`ReasoningParser`]: `<think>` reasoning separated from the answer over streamed text,
+//!   as vLLM's `--reasoning-parser qwen3|deepseek_r1` ([`reasoning`]).
 
 pub mod byte;
 pub mod detok;
 pub mod message;
+pub mod reasoning;
 pub mod stop;
 pub mod template;
 pub mod token_stop;
@@ -27,6 +30,7 @@ pub mod tools;
 pub use byte::ByteTokenizer;
 pub use detok::{IncrementalDetokenizer, TokenizerRef, MAX_HELD_TOKENS};
 pub use message::{ChatMessage, FunctionCall, MessageError, Role, ToolCall, ToolCallKind};
+pub use reasoning::{split_reasoning, ReasoningDelta, ReasoningFormat, ReasoningParser};
 pub use stop::{
     validate_stops, StopError, StopMatcher, StopOutcome, MAX_STOP_BYTES, MAX_STOP_STRINGS,
     MAX_STOP_TOTAL_BYTES,

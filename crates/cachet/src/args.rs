@@ -84,6 +84,12 @@ pub struct EngineArgs {
     /// Simulator: make the n-th generated token EOS.
     #[arg(long)]
     pub sim_eos_at_output: Option<usize>,
+    /// Simulator: reply with this text (byte tokens) then EOS, to every request.
+    #[arg(long, conflicts_with_all = ["sim_eos_at_output", "sim_reply_file"])]
+    pub sim_reply: Option<String>,
+    /// Simulator: reply with this file's text (UTF-8) then EOS, to every request.
+    #[arg(long, conflicts_with = "sim_eos_at_output")]
+    pub sim_reply_file: Option<std::path::PathBuf>,
     /// KV cache events for cache-aware routers, vLLM's JSON (`enable_kv_cache_events`,
     /// `publisher`, `endpoint`, `replay_endpoint`, `buffer_steps`, `hwm`, `max_queue_size`,
     /// `topic`; cachet's `cachet_encoding`: `map` or `array`).
@@ -168,6 +174,8 @@ impl Default for EngineArgs {
             sim_prefill_us_per_token: 0,
             sim_decode_us_per_seq: 0,
             sim_eos_at_output: None,
+            sim_reply: None,
+            sim_reply_file: None,
             sim_panic_on: None,
             kv_events_config: None,
             kv_events_sse_buffer: 1024,

@@ -122,6 +122,21 @@ fn scheduler_config(
     }
 }
 
+/// The simulator's scripted reply (`--sim-reply`, `--sim-reply-file`) in byte tokens.
+fn sim_reply(a: &EngineArgs) -> Result<Option<Vec<u32>>, WiringError> {
+    let text = match (&a.sim_reply, &a.sim_reply_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(path)) => std::fs::read_to_string(path).map_err(|e| {
+            WiringError::Invalid(format!("--sim-reply-file {}: {e}", path.display()))
+        })?,
+        (None, None) => return Ok(None),
+    };
+    ByteTokenizer
+        .encode(&text, false)
+        .map(Some)
+        .map_err(|e| WiringError::Invalid(format!("--sim-reply: {e}")))
+}
+
 pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
     if a.block_size == 0 || a.max_num_batched_tokens == 0 || a.max_num_seqs == 0 {
         return Err(WiringError::Invalid(
@@ -135,6 +150,7 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
         ExecutorKind::Sim => {
             let num_blocks = a.num_kv_blocks.unwrap_or(4096);
             let max_model_len = a.max_model_len.unwrap_or(8192);
+            let reply = sim_reply(a)?;
             let sim = SimExecutor::new(SimConfig {
                 num_blocks,
                 block_size: a.block_size,
@@ -145,6 +161,7 @@ pub fn build(a: &EngineArgs) -> Result<Built, WiringError> {
                     .sim_panic_on
                     .as_deref()
                     .and_then(|t| ByteTokenizer.encode(t, false).ok()),
+                reply,
                 ..Default::default()
             });
             let tok = ByteTokenizer;

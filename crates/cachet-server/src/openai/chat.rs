@@ -62,8 +62,14 @@ fn render_chat(
     if plan.template_tools(caps) {
         tr = tr.with_tools(&tool_values);
     }
-    if let Some(kw) = &req.chat_template_kwargs {
-        tr = tr.with_kwargs(kw);
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if let Some(e) = &req.reasoning_effort {
+        kwargs
+            .entry("reasoning_effort")
+            .or_insert_with(|| Value::String(e.clone()));
+    }
+    if !kwargs.is_empty() {
+        tr = tr.with_kwargs(&kwargs);
     }
     let tok = state.tokenizer();
     let rendered = tok.render_chat(&tr).map_err(|e| {
@@ -103,7 +109,7 @@ pub async fn chat_completions(
     let req: ChatRequest = read_json(body, state.max_body_bytes()).await?;
     let model = state.check_model(req.common.model.as_deref())?;
     let setup = chat_setup(&state, &req)?;
-    let (_, prompt) = render_chat(&state, &req, &setup.plan)?;
+    let (rendered, prompt) = render_chat(&state, &req, &setup.plan)?;
     let logprobs = match (req.logprobs, req.top_logprobs) {
         (Some(true), top) => Some(top.unwrap_or(0)),
         (_, Some(t)) if t > 0 => {
@@ -142,6 +148,10 @@ pub async fn chat_completions(
     let tools = ChatTools {
         format: parse,
         parallel: setup.plan.parallel,
+        reasoning: state
+            .agent()
+            .reasoning
+            .map(|f| cachet_text::ReasoningParser::new(f, &rendered)),
     };
     run(
         state,

@@ -1,7 +1,7 @@
 //! The choices of a collected (non-streamed) generation, and the logprob shapes of both APIs.
 
 use cachet_core::Sampled;
-use cachet_text::{TextTokenizer, ToolFormat};
+use cachet_text::{ReasoningParser, TextTokenizer, ToolFormat};
 use serde_json::{json, Map, Value};
 
 use crate::error::ApiError;
@@ -73,6 +73,8 @@ pub(super) struct Collected {
     pub(super) scores: Vec<f64>,
     pub(super) last: Final,
     pub(super) prompt_logprobs: Option<Vec<Sampled>>,
+    /// Generated tokens in reasoning over all choices (`None`: no reasoning parser).
+    pub(super) reasoning_tokens: Option<u64>,
 }
 
 impl Collected {
@@ -106,6 +108,9 @@ pub(super) async fn collect_choices(
     let mut texts = vec![String::new(); n];
     let mut tokens: Vec<Vec<Sampled>> = vec![Vec::new(); n];
     let mut finals: Vec<Option<Final>> = vec![None; n];
+    let mut parsers: Vec<Option<ReasoningParser>> = vec![tools.reasoning.clone(); n];
+    let mut reasonings: Vec<Option<String>> = vec![None; n];
+    let mut reasoning_tokens = 0u64;
     let mut last = None;
     while let Some(ev) = gen.next().await {
         match ev {
@@ -114,8 +119,25 @@ pub(super) async fn collect_choices(
                 text,
                 tokens: t,
             }) => {
-                if let Some(x) = texts.get_mut(seq as usize) {
-                    x.push_str(&text);
+                let i = seq as usize;
+                match parsers.get_mut(i).and_then(Option::as_mut) {
+                    Some(p) => {
+                        let d = p.push_tokens(&text, t.len());
+                        reasoning_tokens += d.reasoning_tokens as u64;
+                        if d.in_reasoning {
+                            reasonings[i]
+                                .get_or_insert_with(String::new)
+                                .push_str(&d.reasoning);
+                        }
+                        if let Some(x) = texts.get_mut(i) {
+                            x.push_str(&d.content);
+                        }
+                    }
+                    None => {
+                        if let Some(x) = texts.get_mut(i) {
+                            x.push_str(&text);
+                        }
+                    }
                 }
                 if let Some(x) = tokens.get_mut(seq as usize) {
                     x.extend(t);
@@ -135,6 +157,17 @@ pub(super) async fn collect_choices(
     if let Some(e) = &last.error {
         return Err(ApiError::Internal(e.to_string()));
     }
+    for (i, p) in parsers.iter_mut().enumerate() {
+        if let Some(p) = p {
+            let d = p.finish();
+            if d.in_reasoning {
+                reasonings[i]
+                    .get_or_insert_with(String::new)
+                    .push_str(&d.reasoning);
+            }
+            texts[i].push_str(&d.content);
+        }
+    }
     let plp = gen.prompt_logprobs().map(<[Sampled]>::to_vec);
     let mut choices = Vec::with_capacity(n);
     let scores = tokens
@@ -147,7 +180,8 @@ pub(super) async fn collect_choices(
             }
         })
         .collect();
-    for (i, (text, toks)) in texts.into_iter().zip(tokens).enumerate() {
+    for (i, ((text, toks), reasoning)) in texts.into_iter().zip(tokens).zip(reasonings).enumerate()
+    {
         let fin = finals[i].clone().unwrap_or_else(|| last.clone());
         let index = shape.index_base + i;
         let want_lp = !toks.is_empty();
@@ -171,6 +205,15 @@ pub(super) async fn collect_choices(
                         message["content"] = Value::Null;
                     }
                     message["tool_calls"] = serde_json::to_value(&tc).unwrap_or_default();
+                }
+                if tools.reasoning.is_some() {
+                    // vLLM's `reasoning_content` and the newer `reasoning`, null without any;
+                    // no answer after reasoning is a null content, as in vLLM.
+                    if reasoning.is_some() && message["content"] == json!("") {
+                        message["content"] = Value::Null;
+                    }
+                    message["reasoning_content"] = json!(reasoning);
+                    message["reasoning"] = json!(reasoning);
                 }
                 json!({
                     "index": index,
@@ -217,6 +260,7 @@ pub(super) async fn collect_choices(
         scores,
         last,
         prompt_logprobs: plp,
+        reasoning_tokens: tools.reasoning.is_some().then_some(reasoning_tokens),
     })
 }
 

@@ -27,7 +27,7 @@ use crate::generate::{Final, Generation, TextOptions, REQUEST_ID_HEADER};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput, StopField};
 use crate::structured::Guided;
 use crate::tools::{OpenAiTool, ToolPlan};
-use crate::usage::{openai_usage, request_metrics_json, session_json};
+use crate::usage::{openai_usage, request_metrics_json, session_json, with_reasoning_tokens};
 use crate::AppState;
 
 /// One message of `messages`: cachet-text's [`ChatMessage`] (roles, text parts, `name`,
@@ -239,6 +239,10 @@ pub struct ChatRequest {
     /// vLLM's extra template variables.
     #[serde(default)]
     pub chat_template_kwargs: Option<Map<String, Value>>,
+    /// Passed to the chat template as `reasoning_effort` (unless `chat_template_kwargs` sets
+    /// it), for templates that use it.
+    #[serde(default)]
+    pub reasoning_effort: Option<String>,
     #[serde(default)]
     pub add_generation_prompt: Option<bool>,
     /// Every other field: checked against the field table ([`crate::fields`]).
@@ -364,17 +368,20 @@ async fn constraint_for(
     Ok(Some(c))
 }
 
-/// How a chat response reads tool calls out of the text.
-#[derive(Clone, Copy, Debug)]
+/// How a chat response reads reasoning and tool calls out of the text.
+#[derive(Clone, Debug)]
 struct ChatTools {
     format: Option<ToolFormat>,
     parallel: bool,
+    /// `--reasoning-parser`, set up for the request's prompt (each choice parses a clone).
+    reasoning: Option<cachet_text::ReasoningParser>,
 }
 
 impl ChatTools {
     const NONE: ChatTools = ChatTools {
         format: None,
         parallel: true,
+        reasoning: None,
     };
 }
 
@@ -412,13 +419,17 @@ async fn run(
         Err(e) => return Ok(with_request_id(e.openai_response(), &id)),
     };
     let fin = &collected.last;
+    let mut usage = openai_usage(fin);
+    if let Some(n) = collected.reasoning_tokens {
+        with_reasoning_tokens(&mut usage, n);
+    }
     let mut body = json!({
         "id": id,
         "object": if kind == Kind::Chat { "chat.completion" } else { "text_completion" },
         "created": now_secs(),
         "model": model,
         "choices": collected.choices,
-        "usage": openai_usage(fin),
+        "usage": usage,
     });
     if kind == Kind::Chat && shape.prompt_logprobs {
         body["prompt_logprobs"] =

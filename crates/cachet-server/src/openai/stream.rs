@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::generate::{GenEvent, Generation};
-use crate::usage::{openai_usage, request_metrics_json, session_json};
+use crate::usage::{openai_usage, request_metrics_json, session_json, with_reasoning_tokens};
 use crate::AppState;
 
 use super::choices::{
@@ -17,8 +17,12 @@ use super::choices::{
 };
 use super::{final_or_abort, now_secs, ChatTools, Kind, Shape};
 
-/// Streaming `delta.tool_calls` for parser events; content events become `content` deltas.
+/// Streaming `delta.reasoning_content` / `delta.reasoning` for reasoning, `delta.tool_calls`
+/// for parser events; content events become `content` deltas.
 struct StreamTools {
+    reasoning: Option<cachet_text::ReasoningParser>,
+    /// Generated tokens whose text lay in reasoning.
+    reasoning_tokens: u64,
     parser: Option<cachet_text::ToolCallParser>,
     format: ToolFormat,
     parallel: bool,
@@ -26,8 +30,10 @@ struct StreamTools {
 }
 
 impl StreamTools {
-    fn new(t: ChatTools) -> Self {
+    fn new(t: &ChatTools) -> Self {
         StreamTools {
+            reasoning: t.reasoning.clone(),
+            reasoning_tokens: 0,
             parser: t.format.map(cachet_text::ToolCallParser::new),
             format: t.format.unwrap_or(ToolFormat::Generic),
             parallel: t.parallel,
@@ -35,8 +41,35 @@ impl StreamTools {
         }
     }
 
-    /// Deltas (`{"content"}` or `{"tool_calls": [...]}`) for a piece of text (`None`: the end).
-    fn deltas(&mut self, text: Option<&str>) -> Vec<Value> {
+    /// Deltas for a piece of text of `tokens` tokens (`None`: the end): reasoning first, then
+    /// the answer's.
+    fn deltas(&mut self, text: Option<&str>, tokens: usize) -> Vec<Value> {
+        let Some(r) = &mut self.reasoning else {
+            return self.answer_deltas(text);
+        };
+        let d = match text {
+            Some(t) => r.push_tokens(t, tokens),
+            None => r.finish(),
+        };
+        let mut out = Vec::new();
+        self.reasoning_tokens += d.reasoning_tokens as u64;
+        if !d.reasoning.is_empty() {
+            out.push(json!({"reasoning_content": d.reasoning, "reasoning": d.reasoning}));
+        }
+        match text {
+            Some(_) if d.content.is_empty() => {}
+            Some(_) => out.extend(self.answer_deltas(Some(&d.content))),
+            None => {
+                out.extend(self.answer_deltas(Some(&d.content)));
+                out.extend(self.answer_deltas(None));
+            }
+        }
+        out
+    }
+
+    /// Deltas (`{"content"}` or `{"tool_calls": [...]}`) for a piece of the answer (`None`: the
+    /// end).
+    fn answer_deltas(&mut self, text: Option<&str>) -> Vec<Value> {
         let Some(p) = &mut self.parser else {
             return match text {
                 Some(t) if !t.is_empty() => vec![json!({"content": t})],
@@ -102,7 +135,7 @@ pub(super) fn stream_events(
         let mut finish_chunk: Option<Value> = None;
         let n = gen.num_seqs();
         let mut text_offset = vec![0usize; n];
-        let mut st: Vec<StreamTools> = (0..n).map(|_| StreamTools::new(tools)).collect();
+        let mut st: Vec<StreamTools> = (0..n).map(|_| StreamTools::new(&tools)).collect();
         if kind == Kind::Chat {
             let choices: Vec<Value> = (0..n)
                 .map(|i| json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}))
@@ -156,7 +189,7 @@ pub(super) fn stream_events(
                         completion_logprobs(tok.as_ref(), &d.tokens, &mut text_offset[i])
                     };
                     if kind == Kind::Chat {
-                        let mut deltas = st[i].deltas(Some(&d.text));
+                        let mut deltas = st[i].deltas(Some(&d.text), d.tokens.len());
                         if deltas.is_empty() && !lp.is_null() {
                             deltas.push(json!({"content": ""}));
                         }
@@ -183,7 +216,7 @@ pub(super) fn stream_events(
                     }
                     let i = (f.seq as usize).min(n - 1);
                     if kind == Kind::Chat {
-                        for delta in st[i].deltas(None) {
+                        for delta in st[i].deltas(None, 0) {
                             let mut chunk = json!({"id": id, "object": object, "created": created, "model": model,
                                 "choices": [{"index": i, "delta": delta, "logprobs": null, "finish_reason": null}]});
                             usage_field(&mut chunk);
@@ -241,6 +274,10 @@ pub(super) fn stream_events(
                 "id": id, "object": object, "created": created, "model": model,
                 "choices": [], "usage": openai_usage(&fin),
             });
+            if tools.reasoning.is_some() {
+                let n = st.iter().map(|s| s.reasoning_tokens).sum();
+                with_reasoning_tokens(&mut usage["usage"], n);
+            }
             extras(&mut usage);
             yield data(&usage);
         } else {

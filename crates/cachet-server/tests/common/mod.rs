@@ -41,6 +41,10 @@ pub struct Opts {
     pub event_log: usize,
     /// What the recorder keeps for cache insight (default: everything, as `cachet serve`).
     pub insight: cachet_engine::InsightConfig,
+    /// The simulator's scripted reply (`--sim-reply`), as text.
+    pub reply: Option<String>,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<cachet_text::ReasoningFormat>,
 }
 
 impl Default for Opts {
@@ -58,6 +62,8 @@ impl Default for Opts {
             panic_on: None,
             insight: cachet_engine::InsightConfig::full(),
             event_log: 0,
+            reply: None,
+            reasoning_parser: None,
         }
     }
 }
@@ -82,6 +88,10 @@ pub fn start(opts: Opts) -> Harness {
         block_size: BLOCK,
         decode_cost_per_seq: Duration::from_millis(opts.step_ms),
         panic_on: opts.panic_on.clone(),
+        reply: opts
+            .reply
+            .as_deref()
+            .map(|t| ByteTokenizer.encode(t, false).expect("byte tokens")),
         ..SimConfig::default()
     });
     let config = EngineConfig {
@@ -131,6 +141,7 @@ pub fn start(opts: Opts) -> Harness {
         log_stats_interval: 0.0,
         served_model_name: opts.served_model_names.clone(),
         event_log,
+        reasoning_parser: opts.reasoning_parser,
         ..ServerArgs::default()
     };
     let app = router(AppState::new(
