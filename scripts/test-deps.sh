@@ -27,6 +27,8 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -r tests/e2e/requirements.txt
+# Gemma 3 270M for its real-model tests (crates/cachet-model/tests/real_gemma3.rs).
+scripts/fetch-gemma3.sh
 # Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test;
 # Chromium and Playwright for the dashboard's browser test; Claude Code.
 scripts/test-deps-redis.sh
