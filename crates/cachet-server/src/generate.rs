@@ -112,6 +112,9 @@ fn divergence_text(
 pub struct Delta {
     pub seq: u32,
     pub text: String,
+    /// How many tokens this delta's engine output carried (always set; `tokens` only with
+    /// logprobs).
+    pub generated: usize,
     pub tokens: Vec<Sampled>,
 }
 
@@ -413,6 +416,7 @@ impl Generation {
                     }
                     let mut delta = Delta {
                         seq: si as u32,
+                        generated: out.tokens.len(),
                         ..Delta::default()
                     };
                     if seq.stop_hit.is_none() {

@@ -117,12 +117,13 @@ pub(super) async fn collect_choices(
             GenEvent::Delta(Delta {
                 seq,
                 text,
+                generated,
                 tokens: t,
             }) => {
                 let i = seq as usize;
                 match parsers.get_mut(i).and_then(Option::as_mut) {
                     Some(p) => {
-                        let d = p.push_tokens(&text, t.len());
+                        let d = p.push_tokens(&text, generated);
                         reasoning_tokens += d.reasoning_tokens as u64;
                         if d.in_reasoning {
                             reasonings[i]

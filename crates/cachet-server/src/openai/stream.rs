@@ -189,7 +189,7 @@ pub(super) fn stream_events(
                         completion_logprobs(tok.as_ref(), &d.tokens, &mut text_offset[i])
                     };
                     if kind == Kind::Chat {
-                        let mut deltas = st[i].deltas(Some(&d.text), d.tokens.len());
+                        let mut deltas = st[i].deltas(Some(&d.text), d.generated);
                         if deltas.is_empty() && !lp.is_null() {
                             deltas.push(json!({"content": ""}));
                         }
