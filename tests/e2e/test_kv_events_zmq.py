@@ -78,6 +78,11 @@ def ctx():
     c.destroy(linger=0)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 52's open bug: a SUB bound before cachet starts receives nothing from its "
+    "connecting PUB (a SUB bound later, or rebound, does: the tests below)",
+)
 def test_a_bound_sub_receives_a_connecting_publishers_events(ctx):
     port = free_port()
     sub = ctx.socket(zmq.SUB)

@@ -346,6 +346,8 @@ def log_lines(server: Server, needle: str) -> list[str]:
         text = open(server.log_path, errors="replace").read()
     except OSError:
         return []
+    # The log may be coloured (tracing's ANSI escapes): matched and returned without them.
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     return [l for l in text.splitlines() if needle in l]
 
 
