@@ -5,29 +5,7 @@ use cachet_core::SamplingParams;
 use cachet_engine::sim::{SimConfig, SimExecutor};
 
 fn run_prompt(sim: &mut SimExecutor, tokens: &[u32], start: usize, table: &[u32]) -> u32 {
-    let params = SamplingParams::greedy(1);
-    let batch = ExecBatch {
-        copies: Vec::new(),
-        loads: Vec::new(),
-        seqs: vec![SeqChunk {
-            prompt_logprobs: None,
-            slot: 0,
-            tokens: &tokens[start..],
-            start_pos: start,
-            block_table: table,
-            sample: Some(SampleSpec {
-                forks: &[],
-                drafts: &[],
-                params: &params,
-                prompt: tokens,
-                output: &[],
-            }),
-        }],
-    };
-    sim.execute(&batch).unwrap().sampled[0]
-        .as_ref()
-        .unwrap()
-        .token
+    step(sim, tokens, tokens.len(), start, table).unwrap()
 }
 
 #[test]
