@@ -146,3 +146,48 @@ def test_the_indexer_names_the_instance_that_holds_a_prompt(procs):
     a.complete(LONG)  # a new batch on A (stores LONG again); the index replays from 0
     b.complete(list(range(210, 250)))  # a new batch on B, so it replays too
     eventually(lambda: gpu(ix2, LONG), {1: 96, 2: 96})
+
+
+def test_a_routed_request_reports_the_predicted_hit_and_why_it_fell_short(procs):
+    """A gateway routes by the indexer's score and passes it on in
+    `x-prefix-cache-predicted-tokens`; the instance evicts part of the prefix between the
+    prediction and the request, and reports the shortfall as `evicted`."""
+    a = Instance(["--num-kv-blocks", "16"])
+    procs.append(a)
+    ix = Indexer()
+    procs.append(ix)
+    register(ix, 1, a)
+    a.complete(LONG)
+    eventually(lambda: gpu(ix, LONG), {1: 96})
+    predicted = gpu(ix, LONG)[1]  # the router's prediction for A: 96 tokens
+    # Before the routed request arrives, A serves a 200-token prompt that evicts LONG's last
+    # three full blocks (as in the test above: its first 3 blocks remain).
+    a.complete([103 + (i % 150) for i in range(200)])
+    r = requests.post(
+        f"{a.server.base_url}/v1/completions",
+        json={"prompt": LONG, "max_tokens": 1, "temperature": 0, "ignore_eos": True},
+        headers={"x-prefix-cache-predicted-tokens": str(predicted)},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    pc = r.json()["metrics"]["prefix_cache"]
+    assert pc["local_cached_tokens"] == 48
+    assert pc["predicted_tokens"] == 96
+    # Tokens 48..96 were predicted and computed: blocks 3, 4 and 5, evicted since (the shadow
+    # set remembers them); the partial block (96..100) lies outside the prediction.
+    assert pc["shortfall_tokens"] == {
+        "capped_for_logits": 0, "partial_block": 0, "evicted": 48, "never_cached": 0,
+        "lookup_skipped": 0, "load_failed": 0,
+    }
+    def counters():
+        text = requests.get(f"{a.server.base_url}/metrics", timeout=10).text
+        out = {}
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            if name.startswith("cachet:router_predicted_tokens_total"):
+                out["predicted"] = float(value)
+            elif name.startswith("cachet:router_shortfall_tokens_total") and float(value):
+                out[name.split('reason="')[1].rstrip('"}')] = float(value)
+        return out
+
+    eventually(counters, {"predicted": 96.0, "evicted": 48.0})

@@ -49,6 +49,8 @@ pub enum Effect<'a> {
         tenant: &'a Arc<str>,
         /// Set for a session turn: how the session table served it.
         session: Option<&'a SessionInfo>,
+        /// A router's predicted cached prefix, in tokens (observed only).
+        predicted_tokens: Option<u64>,
     },
     /// The request's blocks were allocated and it joined the running batch (or, with external
     /// loads pending, started waiting for them).

@@ -188,6 +188,10 @@ pub struct RequestDraft {
     /// `None`, validation names the tenant after a digest of `cache_salt`, else "default"
     /// (see [`tenant_label`]).
     pub tenant: Option<Arc<str>>,
+    /// The cached prefix (tokens) a router predicted this instance holds for the prompt, when
+    /// it said (`x-prefix-cache-predicted-tokens`): reported beside what happened, never used
+    /// to decide anything.
+    pub predicted_cached_tokens: Option<u64>,
 }
 
 /// The tenant label of a request: the API key's `name` when there is one, else a short digest
@@ -232,6 +236,7 @@ impl RequestDraft {
             prompt_logprobs: None,
             n: 1,
             tenant: None,
+            predicted_cached_tokens: None,
         }
     }
 }

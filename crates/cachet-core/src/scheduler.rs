@@ -461,6 +461,7 @@ impl<O: Observer> Scheduler<O> {
             adapter: r.kv.extra.adapter.as_deref(),
             tenant: &tenant,
             session: r.session.as_deref(),
+            predicted_tokens: d.predicted_cached_tokens,
         });
         self.slots[slot as usize] = Some(r);
         self.waiting.push_back(slot);

@@ -39,6 +39,16 @@ pub struct PrefillStats {
     /// Where the prompt first differs from the most recently used cached block under the same
     /// parent (and the same `cache_salt`), when its first uncached block has such a sibling.
     pub diverged_at: Option<u64>,
+    /// The cached prefix a router predicted for this request
+    /// (`x-prefix-cache-predicted-tokens`), capped at the prompt; `None` when none was sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_tokens: Option<u64>,
+    /// Router shortfall: the tokens of the predicted prefix that were computed, by the reason
+    /// each was computed (the [`MissTokens`] of the prompt positions from `cached_tokens` to
+    /// `predicted_tokens`); all zero without a prediction or when the prediction was met
+    /// (left out of the JSON when zero).
+    #[serde(default, skip_serializing_if = "MissTokens::is_zero")]
+    pub shortfall_tokens: MissTokens,
 }
 
 /// Why prompt tokens were not served from cache: every computed prompt token has exactly one
@@ -62,7 +72,34 @@ pub struct MissTokens {
     pub load_failed: u64,
 }
 
+/// One of the reasons of [`MissTokens`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MissReason {
+    CappedForLogits,
+    PartialBlock,
+    Evicted,
+    NeverCached,
+    LookupSkipped,
+    LoadFailed,
+}
+
 impl MissTokens {
+    /// `n` more tokens of `reason`.
+    pub fn add(&mut self, reason: MissReason, n: u64) {
+        *match reason {
+            MissReason::CappedForLogits => &mut self.capped_for_logits,
+            MissReason::PartialBlock => &mut self.partial_block,
+            MissReason::Evicted => &mut self.evicted,
+            MissReason::NeverCached => &mut self.never_cached,
+            MissReason::LookupSkipped => &mut self.lookup_skipped,
+            MissReason::LoadFailed => &mut self.load_failed,
+        } += n;
+    }
+
+    pub fn is_zero(&self) -> bool {
+        self.total() == 0
+    }
+
     pub fn total(&self) -> u64 {
         self.capped_for_logits
             + self.partial_block
@@ -98,6 +135,11 @@ impl PrefillStats {
         self.preemptions += o.preemptions;
         self.miss_tokens.accumulate(&o.miss_tokens);
         self.diverged_at = o.diverged_at.or(self.diverged_at);
+        self.predicted_tokens = match (self.predicted_tokens, o.predicted_tokens) {
+            (Some(a), Some(b)) => Some(a + b),
+            (a, b) => a.or(b),
+        };
+        self.shortfall_tokens.accumulate(&o.shortfall_tokens);
     }
 
     /// Spec §3 invariants; `Err` names the first violation.
@@ -113,6 +155,10 @@ impl PrefillStats {
         }
         if self.miss_tokens.total() != self.computed_tokens {
             return Err(format!("miss reasons do not sum to computed: {self:?}"));
+        }
+        let shortfall = self.shortfall_tokens.total();
+        if shortfall > self.computed_tokens || shortfall > self.predicted_tokens.unwrap_or(0) {
+            return Err(format!("shortfall beyond computed or predicted: {self:?}"));
         }
         Ok(())
     }
@@ -375,6 +421,27 @@ counters! {
     miss_load_failed => "cachet:prefix_cache_miss_tokens" ["reason" = "load_failed"],
         help "Computed prompt tokens by why they were not served from cache",
         meaning "the external tier held them but the load failed";
+    router_predicted => "cachet:router_predicted_tokens",
+        help "Prompt tokens a router predicted this instance held (x-prefix-cache-predicted-tokens, capped at the prompt)",
+        meaning "the predicted cached prefix of requests that carried a prediction";
+    shortfall_capped_for_logits => "cachet:router_shortfall_tokens" ["reason" = "capped_for_logits"],
+        help "Predicted prompt tokens that were computed, by why (the miss reason of each; the reasons sum to the shortfall)",
+        meaning "predicted, computed because the N-1 rule dropped a cached last full block";
+    shortfall_partial_block => "cachet:router_shortfall_tokens" ["reason" = "partial_block"],
+        help "Predicted prompt tokens that were computed, by why",
+        meaning "predicted, but in a prompt block that is not full (never cached)";
+    shortfall_evicted => "cachet:router_shortfall_tokens" ["reason" = "evicted"],
+        help "Predicted prompt tokens that were computed, by why",
+        meaning "predicted, but evicted here since (shadow set)";
+    shortfall_never_cached => "cachet:router_shortfall_tokens" ["reason" = "never_cached"],
+        help "Predicted prompt tokens that were computed, by why",
+        meaning "predicted, but never held here (or evicted longer ago than the shadow set remembers, or held under another salt)";
+    shortfall_lookup_skipped => "cachet:router_shortfall_tokens" ["reason" = "lookup_skipped"],
+        help "Predicted prompt tokens that were computed, by why",
+        meaning "predicted, but the request did no lookup";
+    shortfall_load_failed => "cachet:router_shortfall_tokens" ["reason" = "load_failed"],
+        help "Predicted prompt tokens that were computed, by why",
+        meaning "predicted, held by the external tier, but the load failed";
     estimated_hits_2x => "cachet:prefix_cache_hits_estimated" ["pool_scale" = "2x"],
         help "Prefix cache hits (tokens) the local cache would have had with 2x / 4x as many blocks, estimated from the shadow set of evicted blocks (compare with vllm:prefix_cache_queries)",
         meaning "estimated hit tokens with twice the blocks (divide by `vllm:prefix_cache_queries`)";
@@ -407,6 +474,17 @@ impl CounterTotals {
         self.miss_never_cached += m.never_cached;
         self.miss_lookup_skipped += m.lookup_skipped;
         self.miss_load_failed += m.load_failed;
+    }
+
+    /// A request's router prediction and its shortfall into their counters.
+    pub fn add_shortfall(&mut self, predicted: u64, m: &MissTokens) {
+        self.router_predicted += predicted;
+        self.shortfall_capped_for_logits += m.capped_for_logits;
+        self.shortfall_partial_block += m.partial_block;
+        self.shortfall_evicted += m.evicted;
+        self.shortfall_never_cached += m.never_cached;
+        self.shortfall_lookup_skipped += m.lookup_skipped;
+        self.shortfall_load_failed += m.load_failed;
     }
 
     pub fn hit_rates(&self) -> HitRates {

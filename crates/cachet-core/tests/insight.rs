@@ -526,3 +526,100 @@ fn each_sequence_names_its_block_events() {
     let json = serde_json::to_value(&one.blocks[0]).unwrap();
     assert!(json.get("seq").is_none());
 }
+
+fn predicted(d: RequestDraft, tokens: u64) -> RequestDraft {
+    RequestDraft {
+        predicted_cached_tokens: Some(tokens),
+        ..d
+    }
+}
+
+/// A router's predicted cached prefix, and the shortfall by the miss reason of each predicted
+/// token that was computed (the window [cached, min(predicted, prompt))), B = 16:
+/// - cold 100 tokens, 100 predicted: nothing cached; 96 never cached, 4 partial;
+/// - its first 96 tokens, 96 predicted: 80 hit (cap 5 blocks), the 6th block capped (16);
+/// - the 100 again, 50 predicted: 96 hit, no shortfall;
+/// - its first 40 tokens, 1,000 predicted (capped at 40): 32 hit, 8 partial;
+/// - 96 predicted with the cache read skipped: all 96 `lookup_skipped`;
+/// - pool of 8: e1's 64 tokens evicted by e2, then e1 again with 64 predicted: 64 evicted;
+/// - a tier holding 3 blocks, the second load failing, 64 predicted: 16 loaded, then 32
+///   load_failed and 16 never cached inside the prediction (the partial tail is outside it).
+#[test]
+fn a_router_prediction_is_reported_with_its_shortfall_by_reason() {
+    let mut c = full(64);
+    let run = |c: &mut Core, d: RequestDraft| {
+        let s = run_one(c, d).prefill_stats.unwrap();
+        s.check().unwrap();
+        (s.predicted_tokens, s.shortfall_tokens)
+    };
+    let m = |f: fn(&mut MissTokens) -> &mut u64, n: u64| {
+        let mut t = MissTokens::default();
+        *f(&mut t) = n;
+        t
+    };
+    let (p, s) = run(&mut c, predicted(req("a", toks(0, 100), 1), 100));
+    assert_eq!(p, Some(100));
+    assert_eq!(
+        s,
+        MissTokens {
+            never_cached: 96,
+            partial_block: 4,
+            ..Default::default()
+        }
+    );
+    let (p, s) = run(&mut c, predicted(req("b", toks(0, 96), 1), 96));
+    assert_eq!((p, s), (Some(96), m(|t| &mut t.capped_for_logits, 16)));
+    let (p, s) = run(&mut c, predicted(req("c", toks(0, 100), 1), 50));
+    assert_eq!((p, s), (Some(50), MissTokens::default()));
+    let (p, s) = run(&mut c, predicted(req("d", toks(0, 40), 1), 1000));
+    assert_eq!((p, s), (Some(40), m(|t| &mut t.partial_block, 8)));
+    let mut skip = predicted(req("s", toks(0, 96), 1), 96);
+    skip.skip_prefix_cache_read = true;
+    let (p, s) = run(&mut c, skip);
+    assert_eq!((p, s), (Some(96), m(|t| &mut t.lookup_skipped, 96)));
+    // Without a prediction: none reported.
+    assert_eq!(
+        run(&mut c, req("n", toks(0, 100), 1)),
+        (None, MissTokens::default())
+    );
+    let t = c.totals();
+    assert_eq!(t.router_predicted, 100 + 96 + 50 + 40 + 96);
+    assert_eq!(
+        (
+            t.shortfall_never_cached,
+            t.shortfall_partial_block,
+            t.shortfall_capped_for_logits,
+            t.shortfall_lookup_skipped,
+            t.shortfall_evicted,
+            t.shortfall_load_failed
+        ),
+        (96, 4 + 8, 16, 96, 0, 0)
+    );
+
+    let mut e = full(8);
+    run(&mut e, req("e1", toks(1000, 64), 1));
+    run(&mut e, req("e2", toks(2000, 120), 1));
+    let (_, s) = run(&mut e, predicted(req("e3", toks(1000, 64), 1), 64));
+    assert_eq!(s, m(|t| &mut t.evicted, 64));
+    assert_eq!(e.totals().shortfall_evicted, 64);
+
+    let mut f = full(64);
+    let mut tier = FakeTier { held: 3 };
+    let slot = f.add(predicted(req("f", toks(0, 100), 1), 64)).unwrap();
+    let (out, _) = f.step_with(1.0, Some(&mut tier));
+    let handle = out.kv_loads[0].handle;
+    let r = Some(TierTag::Redis);
+    assert_eq!(f.s.resolve_loads(slot, handle, &[r, None, r]), Some(1));
+    f.step_with(2.0, Some(&mut tier));
+    let st = stats_of(&f.take_finished(), "f");
+    st.check().unwrap();
+    assert_eq!(st.external_cached_tokens, 16);
+    assert_eq!(
+        st.shortfall_tokens,
+        MissTokens {
+            load_failed: 32,
+            never_cached: 16,
+            ..Default::default()
+        }
+    );
+}

@@ -317,6 +317,9 @@ impl Generation {
         if draft.tenant.is_none() {
             draft.tenant = crate::auth::current_tenant();
         }
+        if draft.predicted_cached_tokens.is_none() {
+            draft.predicted_cached_tokens = crate::router_prediction::current();
+        }
         let valid = engine.limits().validate(draft).map_err(map_invalid)?;
         let stream = engine.add_request(valid).await.map_err(map_add_error)?;
         Ok(Generation {

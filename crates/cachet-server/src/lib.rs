@@ -43,6 +43,7 @@ pub mod metrics;
 pub mod nonce;
 pub mod openai;
 mod process;
+pub mod router_prediction;
 pub mod sampling;
 mod service_routes;
 pub mod structured;
@@ -229,6 +230,7 @@ pub fn router(state: AppState) -> Router {
             "/reset_prefix_cache",
             post(service_routes::reset_prefix_cache),
         )
+        .route_layer(middleware::from_fn(router_prediction::scope))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             auth::require_api_key,

@@ -18,7 +18,7 @@ use crate::block_pool::BlockPool;
 use crate::events::wire_hash;
 use crate::hash::BlockHash;
 use crate::request::{FinishReason, DEFAULT_TENANT};
-use crate::stats::{MissTokens, PrefillStats, TenantTotals};
+use crate::stats::{MissReason, MissTokens, PrefillStats, TenantTotals};
 use crate::{BlockId, TokenId};
 
 pub use super::blocks::HotPrefix;
@@ -98,6 +98,10 @@ pub(crate) struct RequestInsight {
     pub tenant: Option<usize>,
     /// Reasons of the tokens after the local hit and the pending external blocks.
     pub miss: MissTokens,
+    /// A router's predicted cached prefix, capped at the prompt (tokens).
+    pub predicted: Option<usize>,
+    /// The part of `miss` in the predicted prefix.
+    pub shortfall: MissTokens,
     pub local_blocks: usize,
     pub pending_blocks: usize,
     pub divergence: Option<Divergence>,
@@ -420,25 +424,35 @@ impl Insight {
         // Why the rest is computed.
         let full = prompt_len / b;
         let cached = local + pending;
-        let mut m = MissTokens {
-            partial_block: (prompt_len - full * b) as u64,
-            ..Default::default()
+        // Each block's reason counts for all its tokens in `miss`, and for those below the
+        // predicted prefix's end in `shortfall`.
+        let predicted_end = ri.predicted.unwrap_or(0);
+        let in_prediction = |from: usize, to: usize| predicted_end.clamp(from, to) - from;
+        let mut m = MissTokens::default();
+        let mut short = MissTokens::default();
+        let mut count = |reason: MissReason, from: usize, to: usize| {
+            m.add(reason, (to - from) as u64);
+            short.add(reason, in_prediction(from, to) as u64);
         };
+        count(MissReason::PartialBlock, full * b, prompt_len);
         for j in cached..full {
-            let Some(h) = hashes.get(j) else {
-                m.never_cached += b as u64;
-                continue;
+            let reason = match hashes.get(j) {
+                None => MissReason::NeverCached,
+                Some(h) => {
+                    let in_pool = pool.lookup(h).is_some();
+                    if in_pool && j == cap && j == cached {
+                        MissReason::CappedForLogits
+                    } else if in_pool || self.shadow.as_mut().is_some_and(|s| s.contains(h)) {
+                        MissReason::Evicted
+                    } else {
+                        MissReason::NeverCached
+                    }
+                }
             };
-            let in_pool = pool.lookup(h).is_some();
-            if in_pool && j == cap && j == cached {
-                m.capped_for_logits += b as u64;
-            } else if in_pool || self.shadow.as_mut().is_some_and(|s| s.contains(h)) {
-                m.evicted += b as u64;
-            } else {
-                m.never_cached += b as u64;
-            }
+            count(reason, j * b, (j + 1) * b);
         }
         ri.miss = m;
+        ri.shortfall = short;
         // Where it diverged from a cached sibling of its first uncached block.
         let root_key = self.live.get(slot as usize).map_or(0, |l| l.ids.root_key);
         if let Some(ix) = self.index.as_ref() {

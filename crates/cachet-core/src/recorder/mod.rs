@@ -409,6 +409,26 @@ impl Recorder {
             },
         };
         totals.add_miss(&miss);
+        // The predicted prefix's tokens from `cached` on were computed: each for its miss reason.
+        let shortfall = match (r.ins.predicted, r.lookup) {
+            (None, _) => MissTokens::default(),
+            (Some(p), None) => MissTokens {
+                lookup_skipped: (p as u64).saturating_sub(r.retained as u64 + cached),
+                ..MissTokens::default()
+            },
+            (Some(p), Some(_)) => {
+                let failed_from = local + ext;
+                let failed_to = local + (r.ins.pending_blocks * b) as u64;
+                MissTokens {
+                    load_failed: (p as u64).clamp(failed_from, failed_to.max(failed_from))
+                        - failed_from,
+                    ..r.ins.shortfall
+                }
+            }
+        };
+        if let Some(p) = r.ins.predicted {
+            totals.add_shortfall(p as u64, &shortfall);
+        }
         if let Some(t) = insight.tenant_mut(r.ins.tenant) {
             t.prompt_tokens += prompt;
             t.cached_tokens += cached;
@@ -420,6 +440,8 @@ impl Recorder {
         s.cached_tokens = cached;
         s.computed_tokens = prompt - cached;
         s.miss_tokens = miss;
+        s.predicted_tokens = r.ins.predicted.map(|p| p as u64);
+        s.shortfall_tokens = shortfall;
         r.creation_floor = r.retained + (local + ext) as usize;
         if r.lookup.is_some_and(|l| l.external_consulted) {
             totals.external_prefix_cache_hits += ext;
@@ -487,8 +509,10 @@ impl Recorder {
                 adapter,
                 tenant,
                 session,
+                predicted_tokens,
             } => {
-                let ins = self.insight.arrived(slot, tenant, cache_salt, adapter);
+                let mut ins = self.insight.arrived(slot, tenant, cache_salt, adapter);
+                ins.predicted = predicted_tokens.map(|p| p.min(prompt_len as u64) as usize);
                 let i = slot as usize;
                 if self.records.len() <= i {
                     self.records.resize_with(i + 1, || None);
