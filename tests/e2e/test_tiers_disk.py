@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import requests
 
 from conftest import BIN, BLOCK_SIZE, ROOT, free_port
 from tiers_lib import (
@@ -275,5 +276,55 @@ def test_save_on_shutdown_writes_what_the_queue_dropped(kvdir):
     try:
         r = complete(b, prompt)
         assert r.prefix["external_sources"]["disk"] == whole_blocks(n)  # 1,984
+    finally:
+        b.stop()
+
+
+def session_turn(server, prompt: str, session_id: str) -> dict:
+    r = requests.post(
+        f"{server.base_url}/v1/completions",
+        json={"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+              "session_id": session_id},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_parked_session_continues_after_a_restart(kvdir):
+    # Turn 1: 100 prompt tokens and 4 generated; the session parks 103 tokens (the last
+    # generated one was never computed) and the disk holds its 6 full blocks. SIGTERM keeps the
+    # session in sessions.json. After the restart, turn 2 sends turn 1's prompt and reply and 20
+    # new tokens (124): the session is `restored` (turn 2), its 6 blocks come from the disk
+    # (96 tokens, tier disk), and 28 are computed.
+    p1 = prompt_text(11, N)
+    a = serve(disk_tier(kvdir))
+    try:
+        v1 = session_turn(a, p1, "conv-1")
+        assert v1["session"]["status"] == "new"
+        saved(a, BLOCKS)
+    finally:
+        a.proc.send_signal(signal.SIGTERM)
+        a.proc.wait(timeout=60)
+        a.stop()
+    assert len(log_lines(a, "parked sessions kept on disk")) == 1
+    assert Path(kvdir, "sessions.json").exists()
+    b = serve(disk_tier(kvdir))
+    try:
+        assert len(log_lines(b, "sessions parked before the restart are restorable")) == 1
+        reply = v1["choices"][0]["text"]
+        assert len(reply.encode()) == 4, reply
+        v2 = session_turn(b, p1 + reply + prompt_text(12, 20), "conv-1")
+        assert v2["session"]["status"] == "restored"
+        assert v2["session"]["turn"] == 2
+        p = v2["metrics"]["prefix_cache"]
+        assert (p["prompt_tokens"], p["local_cached_tokens"], p["external_cached_tokens"],
+                p["computed_tokens"]) == (124, 0, 96, 28)
+        assert p["external_sources"]["disk"] == 96
+        assert v2["usage"]["prompt_tokens"] == 124
+        assert v2["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        # A turn that does not extend the kept tokens starts afresh.
+        v3 = session_turn(b, prompt_text(13, 40), "conv-2")
+        assert v3["session"]["status"] == "new"
     finally:
         b.stop()

@@ -468,6 +468,16 @@ impl<O: Observer> Scheduler<O> {
         Ok(slot)
     }
 
+    /// Sessions parked before a restart become restorable ([`SessionTable::restore`]).
+    pub fn restore_sessions(&mut self, records: Vec<crate::sessions::SessionRecord>, now: f64) {
+        self.sessions.restore(records, now);
+    }
+
+    /// The parked and restorable sessions as a restart keeps them.
+    pub fn session_records(&self, now: f64) -> Vec<crate::sessions::SessionRecord> {
+        self.sessions.records(now)
+    }
+
     /// Release parked sessions idle past the timeout or beyond the budget.
     pub fn expire_sessions(&mut self, now: f64) -> usize {
         let released = self.sessions.expire(now, &mut self.kv);

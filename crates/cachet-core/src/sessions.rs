@@ -10,6 +10,11 @@
 //!
 //! The table also knows each session's turn in flight: at most one per session (the engine
 //! refuses a second one), and closing a session aborts it.
+//!
+//! Across a restart ([`SessionRecord`], kept by a disk KV tier): the parked sessions' tokens and
+//! keys are written at shutdown and read back at start as *restorable*. A restorable session
+//! holds no KV; its next turn whose prompt extends its tokens is `restored`: looked up like any
+//! request (its blocks come back from the disk tier as external hits) and parked again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +37,9 @@ pub enum SessionStatus {
     /// A parked session existed but the prompt did not extend its tokens (edited history) or
     /// used other cache keys (salt, adapter): it was released and this turn started afresh.
     HistoryMismatch,
+    /// The session was parked before a restart and the prompt extends its tokens: no KV was
+    /// retained here, so the turn was looked up (its KV loaded from the disk tier where held).
+    Restored,
 }
 
 /// How a session turn was served (decision facts; its stats come from the recorder).
@@ -79,9 +87,33 @@ pub struct TurnStart {
     pub info: SessionInfo,
 }
 
+/// A parked session as a restart keeps it: what the next process needs to recognise its next
+/// turn. `key` is the session's key (the id under its tenant, as the engine names it).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    pub key: String,
+    pub tokens: Vec<TokenId>,
+    pub turns: u32,
+    pub cache_salt: Option<String>,
+    pub adapter: Option<String>,
+    /// Seconds the session has been idle (parked) when the record was taken.
+    pub idle_s: f64,
+}
+
+/// A session known from before a restart.
+#[derive(Debug)]
+struct Restorable {
+    tokens: Vec<TokenId>,
+    extra: ExtraKeys,
+    turns: u32,
+    /// Engine time at which it expires (its idle timeout, counted from before the restart).
+    expires_at: f64,
+}
+
 #[derive(Debug)]
 pub struct SessionTable {
     parked: HashMap<Arc<str>, Parked>,
+    restorable: HashMap<Arc<str>, Restorable>,
     /// Session → the slot of its turn in flight.
     active: HashMap<Arc<str>, u32>,
     idle_timeout_s: f64,
@@ -92,6 +124,7 @@ impl SessionTable {
     pub fn new(idle_timeout_s: f64, budget_blocks: usize) -> Self {
         SessionTable {
             parked: HashMap::new(),
+            restorable: HashMap::new(),
             active: HashMap::new(),
             idle_timeout_s,
             budget_blocks,
@@ -143,9 +176,65 @@ impl SessionTable {
                 start.info.status = SessionStatus::HistoryMismatch;
                 kvm.free(&mut p.kv);
             }
+        } else if let Some(r) = self.restorable.remove(&id) {
+            let extends = r.extra == *start.kv.extra
+                && prompt.len() > r.tokens.len()
+                && prompt.starts_with(&r.tokens);
+            if extends {
+                start.info.status = SessionStatus::Restored;
+                start.info.turn = r.turns + 1;
+            } else {
+                start.info.status = SessionStatus::HistoryMismatch;
+            }
         }
         self.active.insert(id, slot);
         start
+    }
+
+    /// Sessions from before a restart, now restorable (those already past their idle timeout
+    /// are dropped). `now`: engine time.
+    pub fn restore(&mut self, records: Vec<SessionRecord>, now: f64) {
+        for r in records {
+            let left = self.idle_timeout_s - r.idle_s;
+            if left <= 0.0 || r.tokens.is_empty() {
+                continue;
+            }
+            self.restorable.insert(
+                Arc::from(r.key),
+                Restorable {
+                    tokens: r.tokens,
+                    extra: ExtraKeys {
+                        adapter: r.adapter,
+                        cache_salt: r.cache_salt,
+                    },
+                    turns: r.turns,
+                    expires_at: now + left,
+                },
+            );
+        }
+    }
+
+    /// Every parked or still restorable session as a restart keeps it, sorted by key.
+    pub fn records(&self, now: f64) -> Vec<SessionRecord> {
+        let parked = self.parked.iter().map(|(k, p)| SessionRecord {
+            key: k.to_string(),
+            tokens: p.tokens.clone(),
+            turns: p.turns,
+            cache_salt: p.kv.extra.cache_salt.clone(),
+            adapter: p.kv.extra.adapter.clone(),
+            idle_s: (now - p.parked_at).max(0.0),
+        });
+        let restorable = self.restorable.iter().map(|(k, r)| SessionRecord {
+            key: k.to_string(),
+            tokens: r.tokens.clone(),
+            turns: r.turns,
+            cache_salt: r.extra.cache_salt.clone(),
+            adapter: r.extra.adapter.clone(),
+            idle_s: (self.idle_timeout_s - (r.expires_at - now)).max(0.0),
+        });
+        let mut out: Vec<SessionRecord> = parked.chain(restorable).collect();
+        out.sort_by(|a, b| a.key.cmp(&b.key));
+        out
     }
 
     /// The turn of `id` ended. `park`: keep `kv` for the next turn (the tokens whose KV it
@@ -167,18 +256,22 @@ impl SessionTable {
 
     /// Release a parked session now (its full blocks stay cached). False if none is parked.
     pub fn release(&mut self, session_id: &str, kvm: &mut KvCacheManager) -> bool {
+        let restorable = self.restorable.remove(session_id).is_some();
         match self.parked.remove(session_id) {
             Some(mut p) => {
                 kvm.free(&mut p.kv);
                 true
             }
-            None => false,
+            None => restorable,
         }
     }
 
     /// Release parked sessions idle past the timeout, then the least recently parked ones
     /// until the parked blocks fit the budget. Returns the ids released.
     pub fn expire(&mut self, now: f64, kvm: &mut KvCacheManager) -> Vec<Arc<str>> {
+        if !self.restorable.is_empty() {
+            self.restorable.retain(|_, r| r.expires_at >= now);
+        }
         if self.parked.is_empty() {
             return Vec::new();
         }

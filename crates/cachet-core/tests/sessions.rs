@@ -223,3 +223,65 @@ fn aborted_turn_releases_the_session() {
     assert!(!s.s.sessions().is_parked("s"));
     assert_eq!(s.s.kv_manager().pool().num_free(), 64);
 }
+
+/// Across a restart: the parked session's record (its tokens, turns and keys) read into a new
+/// scheduler makes it restorable. Its next turn that extends the tokens is `restored`: turn 2,
+/// nothing retained, looked up like any request (the new pool holds nothing, so all computed);
+/// it parks again. A turn that does not extend them is a history mismatch; an unknown session
+/// is new; a record idle past the timeout is dropped.
+#[test]
+fn a_parked_session_is_restored_after_a_restart() {
+    let mut s = Core::new(cfg(64, 16));
+    let p1 = toks(100, 40);
+    let mut t1 = turn("t1", "s", p1.clone(), 2);
+    t1.cache_salt = Some("salt".into());
+    s.add(t1).unwrap();
+    finish(&mut s, "t1");
+    let now = s.now + 100.0;
+    let records = s.s.session_records(now);
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    // 40 prompt tokens and the first generated one (7); the second was never computed.
+    assert_eq!(r.tokens, [p1.clone(), vec![7]].concat());
+    assert_eq!((r.turns, r.cache_salt.as_deref()), (1, Some("salt")));
+
+    let mut n = Core::new(cfg(64, 16));
+    let mut stale = r.clone();
+    stale.key = "old".into();
+    stale.idle_s = 1e9;
+    n.s.restore_sessions(vec![r.clone(), stale], 0.0);
+    let p2 = [p1.clone(), vec![7], toks(500, 10)].concat();
+    let mut t2 = turn("t2", "s", p2.clone(), 1);
+    t2.cache_salt = Some("salt".into());
+    n.add(t2).unwrap();
+    let (c2, r2, _) = finish(&mut n, "t2");
+    assert_eq!(r2.status, cachet_core::sessions::SessionStatus::Restored);
+    assert_eq!(
+        (r2.turn, r2.retained_tokens, r2.total_prompt_tokens),
+        (2, 0, 51)
+    );
+    assert_eq!((c2.prompt_tokens, c2.computed_tokens), (51, 51));
+    assert_eq!(
+        n.totals().prefix_cache_queries,
+        51,
+        "a restored turn is looked up"
+    );
+    assert!(n.s.sessions().is_parked("s"), "parked again");
+    let mut old = turn("t3", "old", p2, 1);
+    old.cache_salt = Some("salt".into());
+    n.add(old).unwrap();
+    let (_, r3, _) = finish(&mut n, "t3");
+    assert_eq!(r3.status, cachet_core::sessions::SessionStatus::New);
+
+    // Edited history: the record is dropped and the turn starts afresh.
+    let mut m = Core::new(cfg(64, 16));
+    m.s.restore_sessions(vec![r.clone()], 0.0);
+    let mut t4 = turn("t4", "s", toks(900, 60), 1);
+    t4.cache_salt = Some("salt".into());
+    m.add(t4).unwrap();
+    let (_, r4, _) = finish(&mut m, "t4");
+    assert_eq!(
+        (r4.status, r4.turn),
+        (cachet_core::sessions::SessionStatus::HistoryMismatch, 1)
+    );
+}

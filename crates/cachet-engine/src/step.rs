@@ -314,6 +314,27 @@ impl<E: Executor> EngineCore<E> {
         save_blocks(&self.executor, tier.as_mut(), wanted, SaveReason::Evicted);
     }
 
+    /// At start: the sessions the tier kept from the last process become restorable.
+    pub fn restore_sessions(&mut self, now: f64) -> usize {
+        let Some(tier) = self.tier.as_mut() else {
+            return 0;
+        };
+        let records = tier.saved_sessions();
+        let n = records.len();
+        self.scheduler.restore_sessions(records, now);
+        n
+    }
+
+    /// At shutdown: the parked sessions handed to the tier for the next start.
+    pub fn save_sessions_for_shutdown(&mut self, now: f64) -> usize {
+        let records = self.scheduler.session_records(now);
+        let n = records.len();
+        if let Some(tier) = self.tier.as_mut() {
+            tier.save_sessions(records);
+        }
+        n
+    }
+
     /// At shutdown, when the tier asks for it: the pool's cached blocks the tier lacks, copied
     /// out and saved ([`SaveReason::Shutdown`]), least likely to be evicted first. Returns how
     /// many were handed over.

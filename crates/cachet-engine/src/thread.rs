@@ -147,6 +147,13 @@ pub(crate) fn run<E: Executor>(
 ) {
     let mut routes = Routes::default();
     let mut core = core;
+    let restored = core.restore_sessions(sh.now());
+    if restored > 0 {
+        tracing::info!(
+            sessions = restored,
+            "sessions parked before the restart are restorable"
+        );
+    }
     let result = catch_unwind(AssertUnwindSafe(|| serve(&mut core, &rx, &sh, &mut routes)));
     match result {
         Ok(()) => sh.advance_state(EngineState::Stopped),
@@ -275,6 +282,10 @@ fn serve<E: Executor>(
                 }
                 Command::Wake => {}
                 Command::Shutdown => {
+                    let kept = core.save_sessions_for_shutdown(now());
+                    if kept > 0 {
+                        tracing::info!(sessions = kept, "shutdown: parked sessions kept");
+                    }
                     let n = core.save_cached_for_shutdown();
                     if n > 0 {
                         tracing::info!(

@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use cachet_core::sessions::SessionRecord;
 use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::BlockHash;
 
@@ -78,6 +79,14 @@ pub trait KvTier: KvLookup + Send {
     fn saves_on_shutdown(&self) -> bool {
         false
     }
+    /// The sessions the last process parked ([`KvTier::save_sessions`]), read once when the
+    /// engine starts. Default: none.
+    fn saved_sessions(&mut self) -> Vec<SessionRecord> {
+        Vec::new()
+    }
+    /// At shutdown: the parked sessions, kept for the next start beside their blocks.
+    /// Default: not kept.
+    fn save_sessions(&mut self, _records: Vec<SessionRecord>) {}
 }
 
 /// An in-process tier over a shared map: every block saved on fill, loads answered at the next

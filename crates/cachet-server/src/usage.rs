@@ -116,7 +116,7 @@ pub fn anthropic_start_usage(
 }
 
 /// The top-level `session` object of a session turn's response:
-/// `{"id", "continued", "status": "continued"|"new"|"history_mismatch", "turn"}`.
+/// `{"id", "continued", "status": "continued"|"new"|"history_mismatch"|"restored", "turn"}`.
 pub fn session_json(s: &SessionInfo) -> Value {
     json!({
         "id": cachet_core::request::session_id_of_key(&s.session_id),

@@ -203,6 +203,25 @@ impl TierClient {
         self.inner.disk.as_ref().is_some_and(|d| d.save_on_shutdown)
     }
 
+    /// The sessions the disk tier kept from the last process (none without a disk tier).
+    pub fn saved_sessions(&self) -> Vec<cachet_core::sessions::SessionRecord> {
+        match &self.inner.disk {
+            Some(d) => crate::disk_sessions::read(d.store.dir(), d.store.namespace()),
+            None => Vec::new(),
+        }
+    }
+
+    /// Keeps `records` in the disk tier's directory for the next start (no-op without one).
+    pub fn save_sessions(&self, records: Vec<cachet_core::sessions::SessionRecord>) {
+        if let Some(d) = &self.inner.disk {
+            let n = records.len();
+            match crate::disk_sessions::write(d.store.dir(), d.store.namespace(), records) {
+                Ok(()) => tracing::info!(sessions = n, "parked sessions kept on disk"),
+                Err(e) => tracing::warn!(error = %e, "cannot keep the parked sessions on disk"),
+            }
+        }
+    }
+
     /// Test hook: make every following disk write fail as a full disk would (`true`), or stop.
     /// No-op without a disk tier.
     pub fn inject_disk_write_failure(&self, on: bool) {

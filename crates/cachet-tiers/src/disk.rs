@@ -216,6 +216,7 @@ pub enum DiskWrite {
 /// The block files of one directory and their index. Every method is synchronous file I/O: the
 /// client calls them from its disk threads ([`crate::TierClient`]), never from the engine's.
 pub struct DiskStore {
+    dir: PathBuf,
     blocks_dir: PathBuf,
     index: Mutex<DiskIndex>,
     ns: crate::TierNamespace,
@@ -242,6 +243,7 @@ impl DiskStore {
         fs::write(&probe, b"probe").map_err(|e| unusable(dir, "not writable", e))?;
         let _ = fs::remove_file(&probe);
         let store = DiskStore {
+            dir: dir.to_path_buf(),
             blocks_dir,
             index: Mutex::new(DiskIndex::new(cfg.capacity_bytes)),
             ns: ns.clone(),
@@ -251,6 +253,16 @@ impl DiskStore {
         };
         let report = store.rebuild(Instant::now() + REBUILD_LIMIT)?;
         Ok((store, report))
+    }
+
+    /// The directory (`--kv-tier-disk-path`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The namespace its values are written in (model, KV layout, block size).
+    pub fn namespace(&self) -> &crate::TierNamespace {
+        &self.ns
     }
 
     fn path(&self, h: &BlockHash) -> PathBuf {

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use cachet_core::sessions::SessionRecord;
 use cachet_core::tier::{KvLookup, TierTag};
 use cachet_core::BlockHash;
 use cachet_engine::tier::{self, KvTier, LoadFailure, LoadTicket, SaveOn, SaveReason};
@@ -156,6 +157,14 @@ impl KvTier for EngineTier {
 
     fn saves_on_shutdown(&self) -> bool {
         self.client.disk_saves_on_shutdown()
+    }
+
+    fn saved_sessions(&mut self) -> Vec<SessionRecord> {
+        self.client.saved_sessions()
+    }
+
+    fn save_sessions(&mut self, records: Vec<SessionRecord>) {
+        self.client.save_sessions(records);
     }
 
     fn saves_on(&self) -> SaveOn {

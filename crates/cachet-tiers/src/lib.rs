@@ -36,6 +36,7 @@
 pub mod buffers;
 pub mod config;
 pub mod disk;
+pub mod disk_sessions;
 pub mod engine;
 pub mod format;
 pub mod host;
