@@ -37,6 +37,7 @@ pub mod fields;
 pub mod generate;
 mod http_metrics;
 pub mod inspect;
+mod isolation;
 mod limits;
 mod listener;
 pub mod metrics;
@@ -221,6 +222,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache", get(inspect::overview))
         .route("/v1/cache/requests/{id}", get(inspect::request))
         .route("/v1/cache/reset", post(inspect::reset))
+        .route(
+            "/v1/cache/isolation-check",
+            post(isolation::isolation_check),
+        )
         .route("/v1/cache/stats/stream", get(inspect::stats_stream))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))

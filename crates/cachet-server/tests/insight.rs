@@ -196,6 +196,7 @@ async fn tenant_keys_cannot_read_or_drop_the_whole_cache() {
         ("GET", "/v1/cache/stats/stream"),
         ("GET", "/v1/cache/requests/a"),
         ("POST", "/v1/cache/reset"),
+        ("POST", "/v1/cache/isolation-check"),
         ("POST", "/reset_prefix_cache"),
     ] {
         let resp = h.send(call(method, path, "kb")).await;
@@ -399,4 +400,32 @@ async fn the_stats_stream_sends_snapshots() {
     assert_eq!(v["recent"][1]["request_id"], "s1");
     assert_eq!(v["gauges"]["num_blocks"], 256);
     assert_eq!(v["tenants"][0]["tenant"], "default");
+}
+
+/// The operator's isolation self-test (B = 16): a 65-token probe under salt A creates 4 entries;
+/// under salt B it finds nothing and creates 4 entries of its own, none shared; under salt A
+/// again it hits A's 4 entries (64 tokens). The salt cost B the 64 tokens A's entries held.
+#[tokio::test]
+async fn the_isolation_check_proves_salts_share_nothing_and_prices_it() {
+    let h = start(Opts::default());
+    let (s, v, _) = h.post("/v1/cache/isolation-check", json!({})).await;
+    assert_eq!(s, StatusCode::OK, "{v}");
+    assert_eq!(
+        v,
+        json!({
+            "isolated": true,
+            "probe_tokens": 65,
+            "block_size": 16,
+            "entries_created_under_salt_a": 4,
+            "entries_created_under_salt_b": 4,
+            "entries_shared": 0,
+            "salt_b_cached_tokens": 0,
+            "salt_a_again_cached_tokens": 64,
+            "salt_a_again_hit_entries_of_salt_a": 4,
+            "forgone_tokens": 64,
+        })
+    );
+    // A second run uses a fresh probe and fresh salts: the same answer.
+    let (_, again, _) = h.post("/v1/cache/isolation-check", json!({})).await;
+    assert_eq!(again, v);
 }
