@@ -13,6 +13,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default `--max-large-requests` (with 16 MiB bodies at most 1 GiB of them in memory).
 pub const DEFAULT_MAX_LARGE_REQUESTS: usize = 64;
 
+/// Default `--responses-store-max`.
+pub const DEFAULT_RESPONSES_STORE_MAX: usize = 10_000;
+/// Default `--responses-store-ttl-secs` (one hour).
+pub const DEFAULT_RESPONSES_STORE_TTL_S: f64 = 3600.0;
+
 /// The server's own flags. Engine flags (`--max-waiting-requests`, `--block-size`, ...) belong to
 /// the engine's configuration, not here.
 #[derive(Args, Clone, Debug)]
@@ -78,6 +83,12 @@ pub struct ServerArgs {
     /// `deepseek_r1`. Off by default: the reasoning stays in the answer text.
     #[arg(long, value_parser = parse_reasoning_parser)]
     pub reasoning_parser: Option<cachet_text::ReasoningFormat>,
+    /// Most responses `/v1/responses` keeps (`store: true`, the default); the oldest go first.
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_STORE_MAX)]
+    pub responses_store_max: usize,
+    /// Seconds a stored response is kept (and can be continued with `previous_response_id`).
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_STORE_TTL_S)]
+    pub responses_store_ttl_secs: f64,
     /// The engine's KV cache events, for `GET /v1/cache/events` (set by the binary when the
     /// engine publishes to it; not a flag).
     #[arg(skip)]
@@ -103,6 +114,8 @@ impl Default for ServerArgs {
             tool_call_parser: None,
             keep_billing_header: false,
             reasoning_parser: None,
+            responses_store_max: DEFAULT_RESPONSES_STORE_MAX,
+            responses_store_ttl_secs: DEFAULT_RESPONSES_STORE_TTL_S,
             event_log: None,
         }
     }

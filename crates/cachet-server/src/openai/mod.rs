@@ -282,7 +282,7 @@ pub struct CompletionRequest {
     pub rest: Map<String, Value>,
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -337,7 +337,7 @@ fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
 
 /// The grammar of a request (a forced call, a response format, or vLLM's guided fields) as
 /// its constraint.
-async fn constraint_for(
+pub(crate) async fn constraint_for(
     state: &AppState,
     plan: &ToolPlan,
     answer_schema: Option<&Value>,

@@ -1,0 +1,343 @@
+//! A response's output items as the text arrives (an assistant `message` with one
+//! `output_text` part, `function_call` items), the stream events that open, grow and close
+//! them, and the response object around them. The streamed and the collected answer are built
+//! by the same [`Items`], so they cannot differ.
+
+use cachet_text::{ToolCallParser, ToolEvent, ToolFormat};
+use serde_json::{json, Value};
+
+use crate::generate::{Final, StopKind};
+
+use super::request::{function_call_id, message_id};
+
+/// An event of the stream before its `sequence_number`: (type, body without `type`).
+pub type Ev = (&'static str, Value);
+
+enum Open {
+    Message {
+        id: String,
+        index: usize,
+        text: String,
+    },
+    Call {
+        id: String,
+        index: usize,
+        call_id: String,
+        name: String,
+        args: String,
+    },
+}
+
+/// The output items of one generation, built from its text deltas.
+pub struct Items {
+    parser: Option<ToolCallParser>,
+    parallel: bool,
+    open: Option<Open>,
+    /// Whitespace outside calls not yet shown (it opens no message on its own).
+    pending_space: String,
+    /// The closed items, in order.
+    pub output: Vec<Value>,
+    /// Calls skipped because parallel calls are off.
+    skipping: bool,
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "in_progress" {
+        json!([])
+    } else {
+        json!([{"type": "output_text", "text": text, "annotations": [], "logprobs": []}])
+    };
+    json!({"id": id, "type": "message", "role": "assistant", "status": status, "content": content})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, args: &str, status: &str) -> Value {
+    json!({"id": id, "type": "function_call", "call_id": call_id, "name": name, "arguments": args, "status": status})
+}
+
+impl Items {
+    /// `parse`: the tool-call format when calls may appear; `parallel`: more than one call.
+    pub fn new(parse: Option<ToolFormat>, parallel: bool) -> Self {
+        Items {
+            parser: parse.map(ToolCallParser::new),
+            parallel,
+            open: None,
+            pending_space: String::new(),
+            output: Vec::new(),
+            skipping: false,
+        }
+    }
+
+    /// Whether a function call was made.
+    pub fn called(&self) -> bool {
+        self.output.iter().any(|i| i["type"] == "function_call")
+    }
+
+    /// The events for more text (`None`: the end of the text).
+    pub fn push(&mut self, text: Option<&str>) -> Vec<Ev> {
+        let evs = match (&mut self.parser, text) {
+            (Some(p), Some(t)) => p.push(t),
+            (Some(p), None) => p.finish(),
+            (None, Some(t)) => vec![ToolEvent::Content(t.to_string())],
+            (None, None) => Vec::new(),
+        };
+        let mut out = Vec::new();
+        for e in evs {
+            match e {
+                ToolEvent::Content(t) => self.content(&t, &mut out),
+                ToolEvent::Start { index, name } => {
+                    self.skipping = index > 0 && !self.parallel;
+                    if self.skipping {
+                        continue;
+                    }
+                    self.pending_space.clear();
+                    self.close(&mut out);
+                    let (id, call_id) = (
+                        function_call_id(),
+                        crate::tools::new_call_id(ToolFormat::Generic),
+                    );
+                    let index = self.output.len();
+                    out.push((
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": call_item(&id, &call_id, &name, "", "in_progress")}),
+                    ));
+                    self.open = Some(Open::Call {
+                        id,
+                        index,
+                        call_id,
+                        name,
+                        args: String::new(),
+                    });
+                }
+                ToolEvent::Arguments { text, .. } => {
+                    if self.skipping {
+                        continue;
+                    }
+                    if let Some(Open::Call {
+                        id, index, args, ..
+                    }) = &mut self.open
+                    {
+                        args.push_str(&text);
+                        out.push((
+                            "response.function_call_arguments.delta",
+                            json!({"item_id": id, "output_index": index, "delta": text}),
+                        ));
+                    }
+                }
+                ToolEvent::End { .. } => {
+                    if !self.skipping {
+                        self.close(&mut out);
+                    }
+                    self.skipping = false;
+                }
+            }
+        }
+        if text.is_none() {
+            self.close(&mut out);
+            if self.output.is_empty() {
+                // Nothing at all: one empty message (with the whitespace, if that was all).
+                let t = std::mem::take(&mut self.pending_space);
+                self.open_message(&mut out);
+                self.append(&t, &mut out);
+                self.close(&mut out);
+            }
+        }
+        out
+    }
+
+    fn content(&mut self, t: &str, out: &mut Vec<Ev>) {
+        if t.is_empty() {
+            return;
+        }
+        if !matches!(self.open, Some(Open::Message { .. })) {
+            if t.trim().is_empty() {
+                self.pending_space.push_str(t);
+                return;
+            }
+            self.close(out);
+            self.open_message(out);
+        }
+        let t = format!("{}{t}", std::mem::take(&mut self.pending_space));
+        self.append(&t, out);
+    }
+
+    fn open_message(&mut self, out: &mut Vec<Ev>) {
+        let id = message_id();
+        let index = self.output.len();
+        out.push((
+            "response.output_item.added",
+            json!({"output_index": index, "item": message_item(&id, "", "in_progress")}),
+        ));
+        out.push((
+            "response.content_part.added",
+            json!({"item_id": id, "output_index": index, "content_index": 0,
+                   "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []}}),
+        ));
+        self.open = Some(Open::Message {
+            id,
+            index,
+            text: String::new(),
+        });
+    }
+
+    fn append(&mut self, t: &str, out: &mut Vec<Ev>) {
+        if let (Some(Open::Message { id, index, text }), false) = (&mut self.open, t.is_empty()) {
+            text.push_str(t);
+            out.push((
+                "response.output_text.delta",
+                json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t, "logprobs": []}),
+            ));
+        }
+    }
+
+    fn close(&mut self, out: &mut Vec<Ev>) {
+        match self.open.take() {
+            None => {}
+            Some(Open::Message { id, index, text }) => {
+                out.push((
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []}),
+                ));
+                out.push((
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                           "part": {"type": "output_text", "text": text, "annotations": [], "logprobs": []}}),
+                ));
+                let item = message_item(&id, &text, "completed");
+                out.push((
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                ));
+                self.output.push(item);
+            }
+            Some(Open::Call {
+                id,
+                index,
+                call_id,
+                name,
+                args,
+            }) => {
+                out.push((
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "name": name, "arguments": args}),
+                ));
+                let item = call_item(&id, &call_id, &name, &args, "completed");
+                out.push((
+                    "response.output_item.done",
+                    json!({"output_index": index, "item": item}),
+                ));
+                self.output.push(item);
+            }
+        }
+    }
+}
+
+/// The response's `status` and what goes with it (`incomplete_details`, `error`), and the
+/// event that ends its stream.
+pub fn status(f: &Final) -> (&'static str, Value, Value, &'static str) {
+    match (&f.error, &f.stop) {
+        (Some(e), _) => (
+            "failed",
+            Value::Null,
+            json!({"code": "server_error", "message": e.to_string()}),
+            "response.failed",
+        ),
+        (None, StopKind::Length) => (
+            "incomplete",
+            json!({"reason": "max_output_tokens"}),
+            Value::Null,
+            "response.incomplete",
+        ),
+        (None, StopKind::Abort) => ("cancelled", Value::Null, Value::Null, "response.failed"),
+        (None, StopKind::Error) => (
+            "failed",
+            Value::Null,
+            json!({"code": "server_error", "message": "the request failed"}),
+            "response.failed",
+        ),
+        (None, _) => ("completed", Value::Null, Value::Null, "response.completed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(evs: &[Ev]) -> Vec<&'static str> {
+        evs.iter().map(|e| e.0).collect()
+    }
+
+    #[test]
+    fn text_opens_one_message_and_closes_it_at_the_end() {
+        let mut it = Items::new(None, true);
+        let mut evs = it.push(Some("Hel"));
+        evs.extend(it.push(Some("lo")));
+        evs.extend(it.push(None));
+        assert_eq!(
+            kinds(&evs),
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+            ]
+        );
+        assert_eq!(it.output.len(), 1);
+        assert_eq!(it.output[0]["content"][0]["text"], "Hello");
+        assert_eq!(evs[4].1["text"], "Hello");
+        assert!(!it.called());
+    }
+
+    #[test]
+    fn calls_become_function_call_items() {
+        let text = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>";
+        for parallel in [true, false] {
+            let mut it = Items::new(Some(ToolFormat::Generic), parallel);
+            let mut evs = Vec::new();
+            // Byte by byte: the stream's worst case.
+            for c in text.chars() {
+                evs.extend(it.push(Some(&c.to_string())));
+            }
+            evs.extend(it.push(None));
+            let names: Vec<&str> = it
+                .output
+                .iter()
+                .map(|i| i["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, if parallel { vec!["f", "g"] } else { vec!["f"] });
+            assert!(it.output.iter().all(|i| i["type"] == "function_call"));
+            assert_eq!(it.output[0]["arguments"], "{\"x\": 1}");
+            assert!(it.output[0]["call_id"]
+                .as_str()
+                .unwrap()
+                .starts_with("call_"));
+            let done: Vec<&Value> = evs
+                .iter()
+                .filter(|e| e.0 == "response.function_call_arguments.done")
+                .map(|e| &e.1)
+                .collect();
+            assert_eq!(done.len(), names.len());
+            assert_eq!(done[0]["arguments"], "{\"x\": 1}");
+            // The deltas add up to the arguments.
+            let deltas: String = evs
+                .iter()
+                .filter(|e| {
+                    e.0 == "response.function_call_arguments.delta" && e.1["output_index"] == 0
+                })
+                .map(|e| e.1["delta"].as_str().unwrap())
+                .collect();
+            assert_eq!(deltas, "{\"x\": 1}");
+            assert!(it.called());
+        }
+    }
+
+    #[test]
+    fn nothing_is_one_empty_message() {
+        let mut it = Items::new(Some(ToolFormat::Generic), true);
+        let evs = it.push(None);
+        assert_eq!(evs.len(), 5);
+        assert_eq!(it.output[0]["content"][0]["text"], "");
+    }
+}
