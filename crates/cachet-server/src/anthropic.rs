@@ -646,7 +646,7 @@ pub async fn messages(
             }
             text.push_str(&d.content);
         }
-        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        let fin = gen.final_or_abort(fin);
         if let Some(e) = &fin.error {
             let mut resp = ApiError::Internal(e.to_string()).anthropic_response();
             if let Ok(v) = HeaderValue::from_str(&id) {
@@ -719,21 +719,6 @@ fn tool_input(args: &str) -> Value {
     match serde_json::from_str::<Value>(args) {
         Ok(v @ Value::Object(_)) => v,
         _ => json!({}),
-    }
-}
-
-fn aborted(gen: &Generation) -> Final {
-    Final {
-        stop: StopKind::Abort,
-        report: gen.report().cloned(),
-        session: gen.session().cloned(),
-        prompt_len: gen.prompt_len(),
-        tokens_received: 0,
-        error: None,
-        seq: 0,
-        last: true,
-        divergence_text: None,
-        spec_decode: Vec::new(),
     }
 }
 
@@ -932,7 +917,7 @@ fn stream_events(
             }
             next = gen.next().await;
         }
-        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        let fin = gen.final_or_abort(fin);
         if let Some(e) = &fin.error {
             // The engine failed mid-stream: Anthropic's error event ends the stream.
             yield event("error", &ApiError::Internal(e.to_string()).anthropic_body());
