@@ -76,9 +76,15 @@ async fn req(
 async fn a_string_input_is_one_user_message_and_usage_is_by_hand() {
     let h = start(Opts::default());
     // "<|user|>\nabcdefgh\n<|assistant|>\n": 9 + 8 + 1 + 14 = 32 tokens, two full blocks.
-    let (s, v, _) = h.post("/v1/responses", body(json!("abcdefgh"), 4)).await;
+    let (s, v, resp) = h.post("/v1/responses", body(json!("abcdefgh"), 4)).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["object"], "response");
+    // The chat routes' headers: the prompt's split and the response id.
+    assert_eq!(
+        resp.headers()["x-cachet-cache"],
+        "local=0; external=0; computed=32; created=32"
+    );
+    assert_eq!(resp.headers()["x-request-id"], v["id"].as_str().unwrap());
     assert!(v["id"].as_str().unwrap().starts_with("resp_"));
     assert_eq!(v["model"], MODEL);
     assert_eq!(v["status"], "incomplete");
@@ -611,4 +617,73 @@ async fn fields_a_client_relies_on_are_refused_and_the_rest_accepted() {
     // assistant turns 14 + 101, the generation prompt 14: all six are 689; the last two,
     // 110 + 115 + 14 = 239, are what fits.
     assert_eq!(usage(&v).0, 239, "{v}");
+}
+
+#[tokio::test]
+async fn reasoning_is_an_output_item_and_its_tokens_are_counted() {
+    let h = start(Opts {
+        reply: Some("<think>Two plus two.</think>It is 4.".into()),
+        reasoning_parser: Some(cachet_text::ReasoningFormat::Qwen3),
+        ..Opts::default()
+    });
+    let b = json!({"model": MODEL, "input": "What is 2 + 2?", "max_output_tokens": 64,
+        "reasoning": {"effort": "low", "summary": null}});
+    let (s, v, _) = h.post("/v1/responses", b.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["status"], "completed", "{v}");
+    let out = v["output"].as_array().unwrap();
+    assert_eq!(out.len(), 2, "{v}");
+    assert_eq!(
+        (out[0]["type"].as_str(), out[0]["status"].as_str()),
+        (Some("reasoning"), Some("completed"))
+    );
+    assert_eq!(
+        out[0]["content"],
+        json!([{"type": "reasoning_text", "text": "Two plus two."}])
+    );
+    assert_eq!(out[0]["summary"], json!([]));
+    assert_eq!(out[1]["content"][0]["text"], "It is 4.");
+    // "<|user|>\nWhat is 2 + 2?\n<|assistant|>\n": 9 + 14 + 1 + 14 = 38 tokens. 36 scripted
+    // tokens and EOS; the block's 28 (7 + 13 + 8, tags included) are reasoning.
+    assert_eq!(usage(&v), (38, 0, 32, 37, 75));
+    assert_eq!(v["usage"]["output_tokens_details"]["reasoning_tokens"], 28);
+    assert_eq!(v["reasoning"], json!({"effort": "low", "summary": null}));
+
+    // Streamed: the reasoning item's events, then the message's.
+    let (_, events, _) = h
+        .stream(
+            "/v1/responses",
+            with(b, json!({"stream": true, "store": false})),
+        )
+        .await;
+    let evs: Vec<Value> = events
+        .iter()
+        .map(|(_, d)| serde_json::from_str(d).unwrap())
+        .collect();
+    let reasoning: String = evs
+        .iter()
+        .filter(|e| e["type"] == "response.reasoning_text.delta")
+        .map(|e| e["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasoning, "Two plus two.");
+    let added: Vec<&str> = evs
+        .iter()
+        .filter(|e| e["type"] == "response.output_item.added")
+        .map(|e| e["item"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(added, ["reasoning", "message"]);
+    let done = evs
+        .iter()
+        .find(|e| e["type"] == "response.reasoning_text.done")
+        .unwrap();
+    assert_eq!(
+        (&done["text"], &done["output_index"]),
+        (&json!("Two plus two."), &json!(0))
+    );
+    let last = &evs[evs.len() - 1];
+    assert_eq!(last["type"], "response.completed");
+    assert_eq!(
+        last["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
+        28
+    );
 }

@@ -18,7 +18,7 @@ pub fn start(turn: Turn, gen: Generation) -> Value {
     // The task is registered before it can finish (it unregisters itself at the end).
     let mut running = state.responses().running();
     let task = tokio::spawn(async move {
-        let r = super::collect(&turn, gen).await;
+        let (r, _) = super::collect(&turn, gen).await;
         let still_running = turn.state.responses().running().remove(&turn.id).is_some();
         if still_running {
             let updated = turn.state.responses().store.update(&turn.id, |rec| {

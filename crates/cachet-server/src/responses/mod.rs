@@ -37,13 +37,14 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cachet_text::{ChatMessage, Role, ToolFormat};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::body::read_json;
+use crate::cache_header::{final_prefill, with_cache_header};
 use crate::error::{ApiError, OpenAiError};
 use crate::fields::{check_rest, Route};
-use crate::generate::{Final, GenEvent, Generation, StopKind, TextOptions};
-use crate::openai::{constraint_for, now_secs};
+use crate::generate::{Final, GenEvent, Generation, TextOptions, REQUEST_ID_HEADER};
+use crate::openai::{constraint_for, now_secs, render_messages};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput};
 use crate::structured::{parse_response_format, Guided};
 use crate::tools::ToolPlan;
@@ -102,18 +103,24 @@ struct Turn {
     previous: Option<String>,
     parse: Option<ToolFormat>,
     parallel: bool,
+    /// `--reasoning-parser`, set up for the prompt.
+    reasoning: Option<cachet_text::ReasoningParser>,
 }
 
 impl Turn {
     /// The whole response object of a finished generation.
-    fn finish(&self, output: Vec<Value>, fin: &Final) -> Value {
+    fn items(&self) -> Items {
+        Items::new(self.parse, self.parallel, self.reasoning.clone())
+    }
+
+    fn finish(&self, items: Items, fin: &Final) -> Value {
         let (status, incomplete, error, _) = output::status(fin);
         let mut r = self.skeleton.clone();
         r["status"] = json!(status);
         r["incomplete_details"] = incomplete;
         r["error"] = error;
-        r["output"] = Value::Array(output);
-        r["usage"] = responses_usage(fin, 0);
+        r["output"] = Value::Array(items.output);
+        r["usage"] = responses_usage(fin, items.reasoning_tokens);
         if status == "completed" {
             r["completed_at"] = json!(now_secs());
         }
@@ -159,25 +166,25 @@ impl Turn {
 
 /// The chat messages, tool plan and prompt of a request, and `truncation: "auto"` applied.
 struct Prompt {
+    /// The rendered template (the reasoning parser reads how it ends).
+    rendered: String,
     tokens: Vec<u32>,
     plan: ToolPlan,
     answer_schema: Option<Value>,
 }
 
-fn render(state: &AppState, plan: &ToolPlan, chat: Vec<ChatMessage>) -> Result<Vec<u32>, ApiError> {
-    let caps = state.agent().caps;
-    let messages = plan.messages_for(caps, chat);
-    let values = plan.tool_values();
-    let mut tr = cachet_text::ChatRequest::new(&messages, true);
-    if plan.template_tools(caps) {
-        tr = tr.with_tools(&values);
+/// The chat route's rendering; `reasoning.effort` reaches the template as `reasoning_effort`.
+fn render(
+    state: &AppState,
+    req: &ResponsesRequest,
+    plan: &ToolPlan,
+    chat: Vec<ChatMessage>,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let mut kwargs = Map::new();
+    if let Some(e) = req.reasoning_effort() {
+        kwargs.insert("reasoning_effort".into(), Value::String(e.to_string()));
     }
-    let tok = state.tokenizer();
-    let rendered = tok.render_chat(&tr).map_err(|e| {
-        ApiError::bad_param("input", format!("Cannot apply the chat template: {e}"))
-    })?;
-    tok.encode(&rendered, false)
-        .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))
+    render_messages(state, plan, chat, true, &kwargs, "input")
 }
 
 /// Drops the oldest turn that is not a system message (a call's results with it).
@@ -215,19 +222,20 @@ fn prompt_of(
     };
     let format = request::response_format(req.text.as_ref())?;
     let answer_schema = parse_response_format(format.as_ref())
-        .map_err(|_| ApiError::bad_param("text", "Invalid `text.format`."))?
+        .map_err(|e| ApiError::bad_param("text", format!("`text.format`: {e}")))?
         .and_then(|r| r.schema());
     let auto = req.truncate_auto()?;
-    let mut tokens = render(state, &plan, chat.clone())?;
+    let (mut rendered, mut tokens) = render(state, req, &plan, chat.clone())?;
     if auto {
         let room = state
             .max_model_len()
             .saturating_sub(req.max_output_tokens.unwrap_or(1).max(1) as usize);
         while tokens.len() > room && drop_oldest(&mut chat) {
-            tokens = render(state, &plan, chat.clone())?;
+            (rendered, tokens) = render(state, req, &plan, chat.clone())?;
         }
     }
     Ok(Prompt {
+        rendered,
         tokens,
         plan,
         answer_schema,
@@ -397,53 +405,63 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         previous: req.previous_response_id.clone(),
         parse,
         parallel: prompt.plan.parallel,
+        reasoning: state
+            .agent()
+            .reasoning
+            .map(|f| cachet_text::ReasoningParser::new(f, &prompt.rendered)),
     };
+    let request_id = gen.request_id().to_string();
     if background {
-        return Ok(Json(background::start(turn, gen)).into_response());
+        let r = Json(background::start(turn, gen)).into_response();
+        return Ok(with_request_id(r, &request_id));
     }
     if stream {
         let sse = Sse::new(stream::events(turn, gen));
-        return Ok(crate::generate::utf8_event_stream(sse.into_response()));
+        let r = crate::generate::utf8_event_stream(sse.into_response());
+        return Ok(with_request_id(r, &request_id));
     }
-    let r = collect(&turn, gen).await;
+    let (r, fin) = collect(&turn, gen).await;
     turn.keep(&r);
-    Ok(Json(r).into_response())
+    let resp = with_cache_header(Json(r).into_response(), final_prefill(&fin));
+    Ok(with_request_id(resp, &request_id))
 }
 
-/// Runs a generation to its end and returns the response object.
-async fn collect(turn: &Turn, mut gen: Generation) -> Value {
-    let mut items = Items::new(turn.parse, turn.parallel);
+fn with_request_id(mut resp: Response, id: &str) -> Response {
+    if let Ok(v) = axum::http::HeaderValue::from_str(id) {
+        resp.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    resp
+}
+
+/// Runs a generation to its end; returns the response object and the generation's end.
+async fn collect(turn: &Turn, mut gen: Generation) -> (Value, Final) {
+    let mut items = turn.items();
     let mut fin = None;
     while let Some(ev) = gen.next().await {
         match ev {
             GenEvent::Delta(d) => {
-                items.push(Some(&d.text));
+                items.push(Some(&d.text), d.generated);
             }
-            GenEvent::Done(f) => fin = Some(*f),
+            GenEvent::Done(f) => fin = Some(f),
         }
     }
-    items.push(None);
-    let fin = fin.unwrap_or_else(|| aborted(&gen));
-    turn.finish(items.output, &fin)
-}
-
-fn aborted(gen: &Generation) -> Final {
-    Final {
-        stop: StopKind::Abort,
-        report: gen.report().cloned(),
-        session: gen.session().cloned(),
-        prompt_len: gen.prompt_len(),
-        tokens_received: 0,
-        error: None,
-        seq: 0,
-        last: true,
-        divergence_text: None,
-        spec_decode: Vec::new(),
-    }
+    items.push(None, 0);
+    let fin = gen.final_or_abort(fin);
+    (turn.finish(items, &fin), fin)
 }
 
 fn path_id(id: Result<Path<String>, axum::extract::rejection::PathRejection>) -> String {
     id.map(|Path(id)| id).unwrap_or_default()
+}
+
+/// The stored response `id` of the caller's API key (404 otherwise).
+fn stored(state: &AppState, id: &str) -> Result<StoredResponse, ApiError> {
+    let owner = crate::auth::current_key_id();
+    state
+        .responses()
+        .store
+        .get(&owner, id, now_f64())
+        .ok_or_else(|| not_found(id))
 }
 
 /// `GET /v1/responses/{id}`.
@@ -451,13 +469,7 @@ pub async fn get(
     State(state): State<AppState>,
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, OpenAiError> {
-    let id = path_id(id);
-    let owner = crate::auth::current_key_id();
-    let rec = state
-        .responses()
-        .store
-        .get(&owner, &id, now_f64())
-        .ok_or_else(|| not_found(&id))?;
+    let rec = stored(&state, &path_id(id))?;
     Ok(Json(rec.response).into_response())
 }
 
@@ -504,12 +516,7 @@ pub async fn input_items(
 ) -> Result<Response, OpenAiError> {
     let id = path_id(id);
     let Query(params) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let owner = crate::auth::current_key_id();
-    let rec = state
-        .responses()
-        .store
-        .get(&owner, &id, now_f64())
-        .ok_or_else(|| not_found(&id))?;
+    let rec = stored(&state, &id)?;
     let limit = params.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::bad_param("limit", "`limit` must be between 1 and 100.").into());
@@ -550,17 +557,13 @@ pub async fn cancel(
     id: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Response, OpenAiError> {
     let id = path_id(id);
-    let owner = crate::auth::current_key_id();
-    let store = &state.responses().store;
-    let rec = store
-        .get(&owner, &id, now_f64())
-        .ok_or_else(|| not_found(&id))?;
+    let rec = stored(&state, &id)?;
     if rec.response["background"] != json!(true) {
         return Err(ApiError::bad_request("Only a background response can be cancelled.").into());
     }
     if let Some(h) = state.responses().running().remove(&id) {
         h.abort();
-        store.update(&id, |r| {
+        state.responses().store.update(&id, |r| {
             if matches!(
                 r.response["status"].as_str(),
                 Some("queued" | "in_progress")
@@ -569,8 +572,5 @@ pub async fn cancel(
             }
         });
     }
-    let rec = store
-        .get(&owner, &id, now_f64())
-        .ok_or_else(|| not_found(&id))?;
-    Ok(Json(rec.response).into_response())
+    Ok(Json(stored(&state, &id)?.response).into_response())
 }

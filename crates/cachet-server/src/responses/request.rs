@@ -76,6 +76,11 @@ impl ResponsesRequest {
         self.store.unwrap_or(true)
     }
 
+    /// `reasoning.effort`, for the chat template's `reasoning_effort`.
+    pub fn reasoning_effort(&self) -> Option<&str> {
+        self.reasoning.as_ref()?.get("effort")?.as_str()
+    }
+
     /// `truncation: "auto"`: the oldest items are dropped until the prompt fits.
     pub fn truncate_auto(&self) -> Result<bool, ApiError> {
         match self.truncation.as_deref() {
@@ -99,6 +104,11 @@ fn new_id(prefix: &str) -> String {
 /// A fresh output-message id.
 pub fn message_id() -> String {
     new_id("msg")
+}
+
+/// A fresh reasoning-item id.
+pub fn reasoning_id() -> String {
+    new_id("rs")
 }
 
 /// A fresh function-call item id.
@@ -190,13 +200,15 @@ fn text_of(content: &Value, i: usize) -> Result<String, ApiError> {
                     (Some("refusal"), _) => {
                         out.push_str(p.get("refusal").and_then(Value::as_str).unwrap_or(""))
                     }
-                    (Some(t), _) => return Err(ApiError::bad_param(
-                        "input",
-                        format!(
+                    (Some(t), _) => {
+                        return Err(ApiError::bad_param(
+                            "input",
+                            format!(
                             "Input item {i}: content part type `{}` is not supported: text only.",
                             clip(t)
                         ),
-                    )),
+                        ))
+                    }
                     (None, _) => {
                         return Err(ApiError::bad_param(
                             "input",

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use crate::generate::{GenEvent, Generation};
 
-use super::output::{status, Items};
+use super::output::status;
 use super::Turn;
 
 struct Seq(u64);
@@ -33,23 +33,23 @@ pub fn events(
         let mut seq = Seq(0);
         yield seq.event("response.created", json!({"response": turn.skeleton}));
         yield seq.event("response.in_progress", json!({"response": turn.skeleton}));
-        let mut items = Items::new(turn.parse, turn.parallel);
+        let mut items = turn.items();
         let mut fin = None;
         while let Some(ev) = gen.next().await {
             match ev {
                 GenEvent::Delta(d) => {
-                    for (kind, body) in items.push(Some(&d.text)) {
+                    for (kind, body) in items.push(Some(&d.text), d.generated) {
                         yield seq.event(kind, body);
                     }
                 }
-                GenEvent::Done(f) => fin = Some(*f),
+                GenEvent::Done(f) => fin = Some(f),
             }
         }
-        for (kind, body) in items.push(None) {
+        for (kind, body) in items.push(None, 0) {
             yield seq.event(kind, body);
         }
-        let fin = fin.unwrap_or_else(|| super::aborted(&gen));
-        let r = turn.finish(std::mem::take(&mut items.output), &fin);
+        let fin = gen.final_or_abort(fin);
+        let r = turn.finish(items, &fin);
         turn.keep(&r);
         let (_, _, _, last) = status(&fin);
         yield seq.event(last, json!({"response": r}));
