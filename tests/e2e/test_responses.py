@@ -1,8 +1,9 @@
 """The OpenAI Responses API (issue 51) through the official OpenAI SDK and the OpenAI Agents SDK.
 
-The server runs the simulated executor with `--sim-eos-at-output 5`: every free-text reply is 4
-printable bytes and then EOS (under a grammar the simulator writes what the grammar allows, so
-JSON answers and tool calls are whole). Numbers are derived by hand: block size 16, one token
+The main server runs the simulated executor with `--sim-eos-at-output 5`: every free-text reply
+is 4 printable bytes and then EOS (under a grammar the simulator writes what the grammar allows,
+so JSON answers and tool calls are whole). The agent's server scripts its reply
+(`--sim-reply-file`). Numbers are derived by hand: block size 16, one token
 per byte, the simulator's template `<|role|>\\ncontent\\n` per message and `<|assistant|>\\n`
 as the generation prompt.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import openai
 import pydantic
@@ -30,6 +32,8 @@ from openai.types.responses import (
 )
 
 from conftest import start_server
+
+KEY_A, KEY_B = "sk-resp-a", "sk-resp-b"
 
 
 @pytest.fixture(scope="module")
@@ -68,13 +72,13 @@ def test_stream_events_parse_as_the_sdk_types_in_order(rserver):
             seen.append(ev)
         final = s.get_final_response()
     assert [e.sequence_number for e in seen] == list(range(len(seen)))
-    kinds = [type(e) for e in seen]
     deltas = [e for e in seen if isinstance(e, ResponseTextDeltaEvent)]
     assert 1 <= len(deltas) <= 4
     want = [ResponseCreatedEvent, ResponseInProgressEvent, ResponseOutputItemAddedEvent, ResponseContentPartAddedEvent]
     want += [ResponseTextDeltaEvent] * len(deltas)
     want += [ResponseTextDoneEvent, ResponseContentPartDoneEvent, ResponseOutputItemDoneEvent, ResponseCompletedEvent]
-    assert kinds == want
+    # Each event parses as its SDK type (the stream helper's text events subclass them).
+    assert len(seen) == len(want) and all(isinstance(e, w) for e, w in zip(seen, want)), [e.type for e in seen]
     text = "".join(d.delta for d in deltas)
     assert len(text) == 4
     assert final.output_text == text
@@ -82,6 +86,23 @@ def test_stream_events_parse_as_the_sdk_types_in_order(rserver):
     assert done.text == text
     # "<|user|>\nstream me\n<|assistant|>\n": 9 + 9 + 1 + 14 = 33 tokens.
     assert final.usage.input_tokens == 33
+
+
+def test_create_with_stream_true_yields_the_sdk_event_types(rserver):
+    c = client(rserver)
+    events = list(c.responses.create(model=rserver.model(), input="abcdefgh", max_output_tokens=16, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[0].response.status == "in_progress"
+    assert events[1].type == "response.in_progress"
+    last = events[-1]
+    assert isinstance(last, ResponseCompletedEvent)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert last.response.output_text == text and len(text) == 4
+    # 32 prompt tokens (see the first test); usage only on the last event.
+    assert last.response.usage.input_tokens == 32
+    assert all(getattr(e, "response", None) is None or e.response.usage is None for e in events[:-1])
+    # Streamed responses are stored too.
+    assert c.responses.retrieve(last.response.id).output_text == text
 
 
 def test_streamed_function_call_events(rserver):
@@ -158,8 +179,65 @@ def test_previous_response_id_chain_reads_the_retained_kv(rserver):
         c.responses.retrieve(r1.id)
 
 
-def test_agents_sdk_runs_a_tool_calling_agent_to_completion(rserver):
-    agents = pytest.importorskip("agents", reason="openai-agents is not installed (tests/e2e/requirements.txt)")
+def test_unknown_ids_are_404_on_every_route(rserver):
+    c = client(rserver)
+    for call in (
+        lambda: c.responses.retrieve("resp_unknown"),
+        lambda: c.responses.delete("resp_unknown"),
+        lambda: c.responses.input_items.list("resp_unknown"),
+        lambda: c.responses.cancel("resp_unknown"),
+    ):
+        with pytest.raises(openai.NotFoundError) as e:
+            call()
+        assert e.value.body["message"] == "No response found with id 'resp_unknown'."
+        assert e.value.body["type"] == "invalid_request_error"
+
+
+@pytest.fixture(scope="module")
+def keyed_server():
+    s = start_server([], api_key=f"{KEY_A},{KEY_B}")
+    yield s
+    s.stop()
+
+
+def test_responses_are_per_api_key(keyed_server):
+    def keyed(key: str) -> openai.OpenAI:
+        return openai.OpenAI(api_key=key, base_url=f"{keyed_server.base_url}/v1", max_retries=0)
+
+    a, b = keyed(KEY_A), keyed(KEY_B)
+    model = a.models.list().data[0].id
+    r = a.responses.create(model=model, input="mine", max_output_tokens=2)
+    assert a.responses.retrieve(r.id).id == r.id
+    # For the other key it does not exist: not readable, listable, continuable nor deletable.
+    for call in (
+        lambda: b.responses.retrieve(r.id),
+        lambda: b.responses.input_items.list(r.id),
+        lambda: b.responses.delete(r.id),
+        lambda: b.responses.create(model=model, input="x", previous_response_id=r.id, max_output_tokens=1),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    # Still there for its owner, who deletes it.
+    assert [i.content[0].text for i in a.responses.input_items.list(r.id).data] == ["mine"]
+    a.responses.delete(r.id)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(r.id)
+
+
+AGENT_REPLY = "It is sunny in Paris."
+
+
+@pytest.fixture(scope="module")
+def agent_server(tmp_path_factory):
+    reply = tmp_path_factory.mktemp("agent") / "reply.txt"
+    reply.write_text(AGENT_REPLY)
+    s = start_server(["--sim-reply-file", str(reply)])
+    yield s
+    s.stop()
+
+
+def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server):
+    pytest.importorskip("agents", reason="openai-agents is not installed (tests/e2e/requirements.txt)")
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
     set_tracing_disabled(True)
@@ -171,14 +249,15 @@ def test_agents_sdk_runs_a_tool_calling_agent_to_completion(rserver):
         calls.append(city)
         return "sunny"
 
-    aclient = openai.AsyncOpenAI(api_key="unused", base_url=f"{rserver.base_url}/v1", max_retries=0)
+    aclient = openai.AsyncOpenAI(api_key="unused", base_url=f"{agent_server.base_url}/v1", max_retries=0)
     agent = Agent(
         name="weather",
         instructions="Answer with the weather.",
         tools=[get_weather],
-        model=OpenAIResponsesModel(model=rserver.model(), openai_client=aclient),
-        # The first turn must call the tool (by grammar); the SDK resets the choice after it,
-        # and the second turn answers in text.
+        model=OpenAIResponsesModel(model=agent_server.model(), openai_client=aclient),
+        # Turn one must call the tool: `required` makes the grammar write the call (the scripted
+        # reply's bytes where the grammar allows them). The SDK then resets the choice to auto,
+        # and turn two answers with the scripted reply.
         model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=200),
     )
 
@@ -186,7 +265,47 @@ def test_agents_sdk_runs_a_tool_calling_agent_to_completion(rserver):
         return await Runner.run(agent, "Weather in Paris?", max_turns=4)
 
     result = asyncio.run(asyncio.wait_for(run(), timeout=60))
-    assert len(calls) == 1
-    assert isinstance(result.final_output, str) and len(result.final_output) == 4
+    assert len(calls) == 1 and isinstance(calls[0], str)
+    assert result.final_output == AGENT_REPLY
     kinds = [i.type for i in result.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
+    # Turn two's input: the instructions, the question, the call and its output; its usage says
+    # what the engine read and computed.
+    # Turn two's prompt starts with turn one's whole prompt (instructions and tools, the
+    # question, the generation prompt), so at least its full blocks are read from the cache.
+    first, second = result.raw_responses
+    n1 = first.usage.input_tokens
+    cached = second.usage.input_tokens_details.cached_tokens
+    assert cached % 16 == 0
+    assert 16 * (n1 // 16) <= cached < second.usage.input_tokens
+
+
+@pytest.fixture(scope="module")
+def slow_server():
+    # 5 ms per decoded token: a long answer is still running when it is cancelled.
+    s = start_server(["--sim-decode-us-per-seq", "5000"])
+    yield s
+    s.stop()
+
+
+def test_background_response_is_polled_and_cancelled(slow_server):
+    c = client(slow_server)
+    model = slow_server.model()
+    short = c.responses.create(model=model, input="abcdefgh", max_output_tokens=3, background=True)
+    assert short.background is True and short.status in ("queued", "in_progress")
+    deadline = time.monotonic() + 30
+    while (got := c.responses.retrieve(short.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, got
+        time.sleep(0.05)
+    # The simulator never writes EOS here: the answer is max_output_tokens long.
+    assert got.status == "incomplete" and len(got.output_text) == 3
+    assert got.usage.input_tokens == 32 and got.usage.output_tokens == 3
+    long = c.responses.create(model=model, input="abcdefgh", max_output_tokens=2000, background=True)
+    cancelled = c.responses.cancel(long.id)
+    assert cancelled.status == "cancelled"
+    time.sleep(0.2)
+    assert c.responses.retrieve(long.id).status == "cancelled"
+    # Only a background response can be cancelled.
+    plain = c.responses.create(model=model, input="x", max_output_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        c.responses.cancel(plain.id)
