@@ -13,14 +13,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import subprocess
 import tempfile
 
 import pytest
 import requests
 
-from conftest import BLOCK_SIZE, ROOT, start_server
+from conftest import BLOCK_SIZE, ROOT, prefix_cache_hits, start_agent_cli_server
 
 CODEX = os.environ.get("CACHET_CODEX_BIN", str(ROOT / ".tools" / "codex" / "node_modules" / ".bin" / "codex"))
 FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "codex_0.171.0_first_request.json"
@@ -32,24 +31,9 @@ TIMEOUT_S = 240
 
 @pytest.fixture(scope="module")
 def long_server():
-    s = start_server(
-        [
-            "--max-model-len", "200000",
-            "--num-kv-blocks", "32768",
-            "--max-num-batched-tokens", "8192",
-            "--sim-reply", REPLY,
-            "--enable-per-request-metrics",
-        ]
-    )
+    s = start_agent_cli_server(REPLY)
     yield s
     s.stop()
-
-
-def prefix_cache_hits(server) -> float:
-    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
-    m = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    assert m, "vllm:prefix_cache_hits_total missing from /metrics"
-    return float(m.group(1))
 
 
 def sse_events(r: requests.Response) -> list[dict]:
