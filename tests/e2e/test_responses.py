@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Annotated
 
 import openai
 import pydantic
@@ -231,12 +232,13 @@ AGENT_REPLY = "It is sunny in Paris."
 def agent_server(tmp_path_factory):
     reply = tmp_path_factory.mktemp("agent") / "reply.txt"
     reply.write_text(AGENT_REPLY)
-    s = start_server(["--sim-reply-file", str(reply)])
+    s = start_server(["--sim-reply-file", str(reply), "--enable-per-request-metrics"])
     yield s
     s.stop()
 
 
-def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server):
+@pytest.mark.parametrize("chained", [False, True], ids=["full-input", "previous-response-id"])
+def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server, chained):
     pytest.importorskip("agents", reason="openai-agents is not installed (tests/e2e/requirements.txt)")
     from agents import Agent, ModelSettings, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
 
@@ -244,7 +246,7 @@ def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server):
     calls = []
 
     @function_tool
-    def get_weather(city: str) -> str:
+    def get_weather(city: Annotated[str, pydantic.Field(max_length=8)]) -> str:
         """The weather in a city."""
         calls.append(city)
         return "sunny"
@@ -256,28 +258,39 @@ def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server):
         tools=[get_weather],
         model=OpenAIResponsesModel(model=agent_server.model(), openai_client=aclient),
         # Turn one must call the tool: `required` makes the grammar write the call (the scripted
-        # reply's bytes where the grammar allows them). The SDK then resets the choice to auto,
-        # and turn two answers with the scripted reply.
+        # reply's bytes where the grammar allows them, the city at most 8 characters). The SDK
+        # then resets the choice to auto, and turn two answers with the scripted reply.
         model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False, max_tokens=200),
     )
+    question = "Weather in Rome?" if chained else "Weather in Paris?"
 
     async def run():
-        return await Runner.run(agent, "Weather in Paris?", max_turns=4)
+        return await Runner.run(agent, question, max_turns=4, auto_previous_response_id=chained)
 
     result = asyncio.run(asyncio.wait_for(run(), timeout=60))
-    assert len(calls) == 1 and isinstance(calls[0], str)
+    assert len(calls) == 1 and 1 <= len(calls[0]) <= 8
     assert result.final_output == AGENT_REPLY
     kinds = [i.type for i in result.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
-    # Turn two's input: the instructions, the question, the call and its output; its usage says
-    # what the engine read and computed.
-    # Turn two's prompt starts with turn one's whole prompt (instructions and tools, the
-    # question, the generation prompt), so at least its full blocks are read from the cache.
     first, second = result.raw_responses
-    n1 = first.usage.input_tokens
-    cached = second.usage.input_tokens_details.cached_tokens
-    assert cached % 16 == 0
-    assert 16 * (n1 // 16) <= cached < second.usage.input_tokens
+    n1, out1, n2 = first.usage.input_tokens, first.usage.output_tokens, second.usage.input_tokens
+    d = second.usage.input_tokens_details
+    # Turn one's KV covers its prompt and its call but the last sampled token (EOS has no KV);
+    # turn two's prompt starts with exactly those tokens (the call renders back as written).
+    kept = n1 + out1 - 1
+    stored = client(agent_server).responses.retrieve(second.response_id)
+    if chained:
+        # Turn two continues turn one's stored response on its retained KV (spec section 5):
+        # all of it is cached, and the new tokens in newly full blocks are written.
+        assert stored.previous_response_id == first.response_id
+        assert stored.model_extra["metrics"]["previous_response"]["kv"] == "retained"
+        assert d.cached_tokens == kept
+        assert d.cache_write_tokens == max(0, 16 * (n2 // 16) - kept)
+    else:
+        # A new request: the full blocks of those tokens are read from the prefix cache.
+        assert stored.previous_response_id is None
+        assert d.cached_tokens == 16 * (kept // 16)
+        assert d.cache_write_tokens == 16 * (n2 // 16) - 16 * (kept // 16)
 
 
 @pytest.fixture(scope="module")
