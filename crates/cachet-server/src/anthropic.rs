@@ -549,14 +549,8 @@ pub async fn messages(
         .as_ref()
         .filter(|v| !v.is_null())
         .map(|_| json!({"applied_edits": applied_edits}));
-    // Agents size `max_tokens` for 200k-token models: what the context leaves is the most
-    // this request can write (a prompt that fills the context stays the engine's 400).
-    let room = state.max_model_len().saturating_sub(prompt.len());
-    let max_tokens = match u32::try_from(room) {
-        _ if room == 0 => req.max_tokens,
-        Ok(r) => req.max_tokens.min(r),
-        Err(_) => req.max_tokens,
-    };
+    let max_tokens =
+        crate::sampling::clamp_to_context(req.max_tokens, state.max_model_len(), prompt.len());
     // Reasoning is parsed out with `--reasoning-parser`; shown as thinking blocks when the
     // request turned thinking on, and dropped otherwise.
     let reasoning = state.agent().reasoning.map(|f| Reasoning {

@@ -289,7 +289,10 @@ pub const RESPONSES: &[Field] = &[
     yes("tool_choice", "none/auto/required/a function (required and a function by grammar)"),
     yes("parallel_tool_calls", "false: at most one call"),
     yes("text", "`format`: text, json_object, json_schema (grammar); `verbosity` accepted"),
-    yes("max_output_tokens", "absent: fill the context"),
+    yes(
+        "max_output_tokens",
+        "clamped to what the context leaves after the input; absent: fill the context",
+    ),
     yes("temperature", "[0, 2]"),
     yes("top_p", "(0, 1]"),
     yes(
@@ -300,7 +303,10 @@ pub const RESPONSES: &[Field] = &[
     yes("metadata", "stored with the response"),
     yes("user", "stored with the response"),
     yes("prompt_cache_key", "echoed; prefix caching is automatic"),
-    yes("truncation", "`disabled` or `auto` (oldest items dropped to fit)"),
+    yes(
+        "truncation",
+        "`disabled` or `auto` (oldest items dropped until the input fits the context)",
+    ),
     yes("store", "default true: kept (bounded) with its KV parked as a session"),
     yes("stream", "SSE, the Responses API's events"),
     yes("previous_response_id", "continues a stored response on its retained KV"),

@@ -613,10 +613,20 @@ async fn fields_a_client_relies_on_are_refused_and_the_rest_accepted() {
         )
         .await;
     assert_eq!(s, 200, "{v}");
-    // 296 tokens are left for the prompt (300 - max_output_tokens). User turns are 9 + 101,
-    // assistant turns 14 + 101, the generation prompt 14: all six are 689; the last two,
-    // 110 + 115 + 14 = 239, are what fits.
+    // The input must leave one token of the 300: 299 at most. User turns are 9 + 101,
+    // assistant turns 14 + 101, the generation prompt 14: all six are 689, the last three 354;
+    // the last two, 110 + 115 + 14 = 239, are what fits.
     assert_eq!(usage(&v).0, 239, "{v}");
+
+    // max_output_tokens sized for a 200k-token model is clamped to what the context leaves
+    // (chat completions keep vLLM's 400): 300 - 32 = 268 tokens written.
+    let (s, v, _) = h
+        .post("/v1/responses", body(json!("abcdefgh"), 32_000))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["status"], "incomplete");
+    assert_eq!(usage(&v), (32, 0, 32, 268, 300));
+    assert_eq!(v["max_output_tokens"], 32_000);
 }
 
 #[tokio::test]

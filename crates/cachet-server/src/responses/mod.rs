@@ -45,7 +45,7 @@ use crate::error::{ApiError, OpenAiError};
 use crate::fields::{check_rest, Route};
 use crate::generate::{Final, GenEvent, Generation, TextOptions, REQUEST_ID_HEADER};
 use crate::openai::{constraint_for, now_secs, render_messages};
-use crate::sampling::{request_draft, Api, DraftInput, SamplingInput};
+use crate::sampling::{clamp_to_context, request_draft, Api, DraftInput, SamplingInput};
 use crate::structured::{parse_response_format, Guided};
 use crate::tools::ToolPlan;
 use crate::usage::{request_metrics_json, responses_usage};
@@ -227,9 +227,9 @@ fn prompt_of(
     let auto = req.truncate_auto()?;
     let (mut rendered, mut tokens) = render(state, req, &plan, chat.clone())?;
     if auto {
-        let room = state
-            .max_model_len()
-            .saturating_sub(req.max_output_tokens.unwrap_or(1).max(1) as usize);
+        // The input must fit the context with one token to write; `max_output_tokens` is then
+        // clamped to what is left, as it is without truncation.
+        let room = state.max_model_len().saturating_sub(1);
         while tokens.len() > room && drop_oldest(&mut chat) {
             (rendered, tokens) = render(state, req, &plan, chat.clone())?;
         }
@@ -349,7 +349,9 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
         .clone()
         .or_else(|| previous.as_ref().and_then(|p| p.cache_salt.clone()));
     let input = SamplingInput {
-        max_tokens: req.max_output_tokens,
+        max_tokens: req
+            .max_output_tokens
+            .map(|m| clamp_to_context(m, state.max_model_len(), prompt.tokens.len())),
         temperature: req.temperature,
         top_p: req.top_p,
         vocab_size: state.tokenizer().vocab_size(),
