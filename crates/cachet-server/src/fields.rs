@@ -297,7 +297,7 @@ pub const RESPONSES: &[Field] = &[
     yes("top_p", "(0, 1]"),
     yes(
         "reasoning",
-        "`effort` reaches the chat template as `reasoning_effort`; `summary` echoed",
+        "`effort` reaches the chat template as `reasoning_effort`; `summary`: the reasoning text as its summary",
     ),
     yes("include", "accepted; nothing encrypted is ever returned"),
     yes("metadata", "stored with the response"),

@@ -663,7 +663,7 @@ async fn reasoning_is_an_output_item_and_its_tokens_are_counted() {
     let (_, events, _) = h
         .stream(
             "/v1/responses",
-            with(b, json!({"stream": true, "store": false})),
+            with(b.clone(), json!({"stream": true, "store": false})),
         )
         .await;
     let evs: Vec<Value> = events
@@ -695,5 +695,17 @@ async fn reasoning_is_an_output_item_and_its_tokens_are_counted() {
     assert_eq!(
         last["response"]["usage"]["output_tokens_details"]["reasoning_tokens"],
         28
+    );
+
+    // Asked for a summary: the reasoning text is its summary too (no summarizer here).
+    let (_, v, _) = h
+        .post(
+            "/v1/responses",
+            with(b, json!({"reasoning": {"summary": "auto"}, "store": false})),
+        )
+        .await;
+    assert_eq!(
+        v["output"][0]["summary"],
+        json!([{"type": "summary_text", "text": "Two plus two."}])
     );
 }

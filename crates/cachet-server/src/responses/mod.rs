@@ -105,12 +105,14 @@ struct Turn {
     parallel: bool,
     /// `--reasoning-parser`, set up for the prompt.
     reasoning: Option<cachet_text::ReasoningParser>,
+    /// `reasoning.summary` was asked for.
+    summary: bool,
 }
 
 impl Turn {
     /// The whole response object of a finished generation.
     fn items(&self) -> Items {
-        Items::new(self.parse, self.parallel, self.reasoning.clone())
+        Items::new(self.parse, self.parallel, self.reasoning.clone()).with_summary(self.summary)
     }
 
     fn finish(&self, items: Items, fin: &Final) -> Value {
@@ -411,6 +413,7 @@ pub async fn create(State(state): State<AppState>, body: Body) -> Result<Respons
             .agent()
             .reasoning
             .map(|f| cachet_text::ReasoningParser::new(f, &prompt.rendered)),
+        summary: req.reasoning_summary(),
     };
     let request_id = gen.request_id().to_string();
     if background {

@@ -86,6 +86,9 @@ pub struct Items {
     reasoning: Option<ReasoningParser>,
     /// Generated tokens whose text lay in the reasoning block (its tags included).
     pub reasoning_tokens: u64,
+    /// `reasoning.summary` was asked for: the reasoning text is its own summary too (cachet
+    /// writes no separate summary).
+    summary: bool,
     parser: Option<ToolCallParser>,
     parallel: bool,
     open: Option<Open>,
@@ -112,6 +115,7 @@ impl Items {
         Items {
             reasoning,
             reasoning_tokens: 0,
+            summary: false,
             parser: parse.map(ToolCallParser::new),
             parallel,
             open: None,
@@ -119,6 +123,18 @@ impl Items {
             output: Vec::new(),
             skipping: false,
         }
+    }
+
+    /// With a reasoning summary (`reasoning.summary` set): a reasoning item's text is also its
+    /// one `summary_text` part, with the `response.reasoning_summary_*` events.
+    pub fn with_summary(mut self, summary: bool) -> Self {
+        self.summary = summary;
+        self
+    }
+
+    /// Whether an open reasoning item also streams its summary.
+    fn summarized(&self, kind: TextKind) -> bool {
+        self.summary && kind == TextKind::Reasoning
     }
 
     /// The events for more text, the text of `tokens` generated tokens (`None`: the end of
@@ -267,6 +283,13 @@ impl Items {
             "response.content_part.added",
             json!({"item_id": id, "output_index": index, "content_index": 0, "part": kind.part("")}),
         ));
+        if self.summarized(kind) {
+            out.push((
+                "response.reasoning_summary_part.added",
+                json!({"item_id": id, "output_index": index, "summary_index": 0,
+                       "part": {"type": "summary_text", "text": ""}}),
+            ));
+        }
         self.open = Some(Open::Text {
             kind,
             id,
@@ -276,6 +299,7 @@ impl Items {
     }
 
     fn append(&mut self, t: &str, out: &mut Vec<Ev>) {
+        let summary = self.summary;
         if let (
             Some(Open::Text {
                 kind,
@@ -293,6 +317,12 @@ impl Items {
                 ev["logprobs"] = json!([]);
             }
             out.push((kind.names().1, ev));
+            if summary && *kind == TextKind::Reasoning {
+                out.push((
+                    "response.reasoning_summary_text.delta",
+                    json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": t}),
+                ));
+            }
         }
     }
 
@@ -315,7 +345,19 @@ impl Items {
                     "response.content_part.done",
                     json!({"item_id": id, "output_index": index, "content_index": 0, "part": kind.part(&text)}),
                 ));
-                let item = kind.item(&id, &text, "completed");
+                let mut item = kind.item(&id, &text, "completed");
+                if self.summarized(kind) {
+                    let part = json!({"type": "summary_text", "text": text});
+                    out.push((
+                        "response.reasoning_summary_text.done",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0, "text": text}),
+                    ));
+                    out.push((
+                        "response.reasoning_summary_part.done",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0, "part": part}),
+                    ));
+                    item["summary"] = json!([part]);
+                }
                 out.push((
                     "response.output_item.done",
                     json!({"output_index": index, "item": item}),
@@ -486,6 +528,36 @@ mod tests {
         );
         // The four pieces up to the closing tag are reasoning; "Hi" is not.
         assert_eq!(it.reasoning_tokens, 4);
+
+        // Asked for a summary: the same text is its summary, with the summary events.
+        let parser = ReasoningParser::new(cachet_text::ReasoningFormat::DeepSeekR1, "");
+        let mut it = Items::new(None, true, Some(parser)).with_summary(true);
+        let mut evs = it.push(Some("ab</think>Hi"), 3);
+        evs.extend(it.push(None, 0));
+        assert_eq!(
+            kinds(&evs)[..8],
+            [
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.reasoning_summary_part.added",
+                "response.reasoning_text.delta",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_text.done",
+                "response.content_part.done",
+                "response.reasoning_summary_text.done",
+            ]
+        );
+        assert_eq!(evs[8].0, "response.reasoning_summary_part.done");
+        assert_eq!(
+            evs[8].1["part"],
+            json!({"type": "summary_text", "text": "ab"})
+        );
+        assert_eq!(
+            it.output[0]["summary"],
+            json!([{"type": "summary_text", "text": "ab"}])
+        );
+        assert_eq!(it.output[0]["content"][0]["text"], "ab");
+        assert_eq!(it.output[1]["content"][0]["text"], "Hi");
     }
 
     #[test]

@@ -76,6 +76,14 @@ impl ResponsesRequest {
         self.store.unwrap_or(true)
     }
 
+    /// `reasoning.summary` asks for one (`auto`, `concise` or `detailed`).
+    pub fn reasoning_summary(&self) -> bool {
+        self.reasoning
+            .as_ref()
+            .and_then(|r| r.get("summary"))
+            .is_some_and(Value::is_string)
+    }
+
     /// `reasoning.effort`, for the chat template's `reasoning_effort`.
     pub fn reasoning_effort(&self) -> Option<&str> {
         self.reasoning.as_ref()?.get("effort")?.as_str()
