@@ -30,9 +30,11 @@ fi
 # Gemma 3 270M for its real-model tests (crates/cachet-model/tests/real_gemma3.rs).
 scripts/fetch-gemma3.sh
 # Redis for the external-tier tests; NVIDIA Dynamo's KV indexer for the KV-events e2e test;
-# Chromium and Playwright for the dashboard's browser test; Claude Code.
+# Chromium and Playwright for the dashboard's browser test; Claude Code; Codex CLI.
 scripts/test-deps-redis.sh
 scripts/test-deps-dynamo.sh
 scripts/test-deps-browser.sh
 # Claude Code (npm) for its end-to-end test.
 scripts/test-deps-claude-code.sh
+# Codex CLI (npm) for its end-to-end test.
+scripts/test-deps-codex.sh

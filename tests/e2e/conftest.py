@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import shlex
 import socket
 import subprocess
@@ -99,6 +100,29 @@ def start_server(extra: list[str], api_key: str | None = None, executor_args: li
         time.sleep(0.2)
     server.stop()
     pytest.fail(f"cachet did not become healthy in time: {cmd}\n{server.log()}")
+
+
+def start_agent_cli_server(reply: str) -> Server:
+    """The server a coding-agent CLI (Claude Code, Codex) talks to: a context long enough for
+    its tens of thousands of byte tokens, 32768 blocks of 16 (room for two turns' prompts in
+    the cache), and every answer the scripted `reply`."""
+    return start_server(
+        [
+            "--max-model-len", "200000",
+            "--num-kv-blocks", "32768",
+            "--max-num-batched-tokens", "8192",
+            "--sim-reply", reply,
+            "--enable-per-request-metrics",
+        ]
+    )
+
+
+def prefix_cache_hits(server: Server) -> float:
+    """`vllm:prefix_cache_hits_total` from the server's /metrics."""
+    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
+    m = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    assert m, "vllm:prefix_cache_hits_total missing from /metrics"
+    return float(m.group(1))
 
 
 @pytest.fixture(scope="module")

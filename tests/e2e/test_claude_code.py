@@ -11,14 +11,13 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import re
 import subprocess
 import tempfile
 
 import pytest
 import requests
 
-from conftest import ROOT, start_server
+from conftest import ROOT, prefix_cache_hits, start_agent_cli_server
 
 CLAUDE = os.environ.get(
     "CACHET_CLAUDE_BIN", str(ROOT / ".tools" / "claude-code" / "node_modules" / ".bin" / "claude")
@@ -37,25 +36,9 @@ TIMEOUT_S = 240
 
 @pytest.fixture(scope="module")
 def long_server():
-    # 32768 blocks of 16: room for both turns' prompts (~80k tokens each) in the cache.
-    s = start_server(
-        [
-            "--max-model-len", "200000",
-            "--num-kv-blocks", "32768",
-            "--max-num-batched-tokens", "8192",
-            "--sim-reply", REPLY,
-            "--enable-per-request-metrics",
-        ]
-    )
+    s = start_agent_cli_server(REPLY)
     yield s
     s.stop()
-
-
-def prefix_cache_hits(server) -> float:
-    text = requests.get(f"{server.base_url}/metrics", timeout=10).text
-    m = re.search(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    assert m, "vllm:prefix_cache_hits_total missing from /metrics"
-    return float(m.group(1))
 
 
 def test_captured_first_request_is_answered(long_server):

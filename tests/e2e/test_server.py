@@ -112,10 +112,13 @@ def test_repeated_prompt_reports_cached_tokens_as_spec_predicts(server):
     assert first.usage.prompt_tokens == n
     assert d1.cached_tokens == 0
     assert d1.model_extra["created_cache_tokens"] == floor_block(n)
+    # OpenAI's name for the same number (spec section 7), a field of the SDK's type.
+    assert d1.cache_write_tokens == floor_block(n)
     second = c.completions.create(model=server.model(), prompt=prompt, max_tokens=4)
     d2 = second.usage.prompt_tokens_details
     assert d2.cached_tokens == floor_block(n - 1)
     assert d2.model_extra["created_cache_tokens"] == 0
+    assert d2.cache_write_tokens == 0
 
 
 def test_repeated_chat_reports_cached_tokens(server):

@@ -549,14 +549,8 @@ pub async fn messages(
         .as_ref()
         .filter(|v| !v.is_null())
         .map(|_| json!({"applied_edits": applied_edits}));
-    // Agents size `max_tokens` for 200k-token models: what the context leaves is the most
-    // this request can write (a prompt that fills the context stays the engine's 400).
-    let room = state.max_model_len().saturating_sub(prompt.len());
-    let max_tokens = match u32::try_from(room) {
-        _ if room == 0 => req.max_tokens,
-        Ok(r) => req.max_tokens.min(r),
-        Err(_) => req.max_tokens,
-    };
+    let max_tokens =
+        crate::sampling::clamp_to_context(req.max_tokens, state.max_model_len(), prompt.len());
     // Reasoning is parsed out with `--reasoning-parser`; shown as thinking blocks when the
     // request turned thinking on, and dropped otherwise.
     let reasoning = state.agent().reasoning.map(|f| Reasoning {
@@ -646,7 +640,7 @@ pub async fn messages(
             }
             text.push_str(&d.content);
         }
-        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        let fin = gen.final_or_abort(fin);
         if let Some(e) = &fin.error {
             let mut resp = ApiError::Internal(e.to_string()).anthropic_response();
             if let Ok(v) = HeaderValue::from_str(&id) {
@@ -719,21 +713,6 @@ fn tool_input(args: &str) -> Value {
     match serde_json::from_str::<Value>(args) {
         Ok(v @ Value::Object(_)) => v,
         _ => json!({}),
-    }
-}
-
-fn aborted(gen: &Generation) -> Final {
-    Final {
-        stop: StopKind::Abort,
-        report: gen.report().cloned(),
-        session: gen.session().cloned(),
-        prompt_len: gen.prompt_len(),
-        tokens_received: 0,
-        error: None,
-        seq: 0,
-        last: true,
-        divergence_text: None,
-        spec_decode: Vec::new(),
     }
 }
 
@@ -932,7 +911,7 @@ fn stream_events(
             }
             next = gen.next().await;
         }
-        let fin = fin.map(|f| *f).unwrap_or_else(|| aborted(&gen));
+        let fin = gen.final_or_abort(fin);
         if let Some(e) = &fin.error {
             // The engine failed mid-stream: Anthropic's error event ends the stream.
             yield event("error", &ApiError::Internal(e.to_string()).anthropic_body());

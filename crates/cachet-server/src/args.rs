@@ -13,6 +13,11 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 /// Default `--max-large-requests` (with 16 MiB bodies at most 1 GiB of them in memory).
 pub const DEFAULT_MAX_LARGE_REQUESTS: usize = 64;
 
+/// Default `--responses-store-max`.
+pub const DEFAULT_RESPONSES_STORE_MAX: usize = 10_000;
+/// Default `--responses-store-ttl-secs` (one hour).
+pub const DEFAULT_RESPONSES_STORE_TTL_S: f64 = 3600.0;
+
 /// The server's own flags. Engine flags (`--max-waiting-requests`, `--block-size`, ...) belong to
 /// the engine's configuration, not here.
 #[derive(Args, Clone, Debug)]
@@ -78,6 +83,12 @@ pub struct ServerArgs {
     /// `deepseek_r1`. Off by default: the reasoning stays in the answer text.
     #[arg(long, value_parser = parse_reasoning_parser)]
     pub reasoning_parser: Option<cachet_text::ReasoningFormat>,
+    /// Most responses `/v1/responses` keeps (`store: true`, the default); the oldest go first.
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_STORE_MAX)]
+    pub responses_store_max: usize,
+    /// Seconds a stored response is kept (and can be continued with `previous_response_id`).
+    #[arg(long, default_value_t = DEFAULT_RESPONSES_STORE_TTL_S, value_parser = parse_ttl_secs)]
+    pub responses_store_ttl_secs: f64,
     /// The engine's KV cache events, for `GET /v1/cache/events` (set by the binary when the
     /// engine publishes to it; not a flag).
     #[arg(skip)]
@@ -103,6 +114,8 @@ impl Default for ServerArgs {
             tool_call_parser: None,
             keep_billing_header: false,
             reasoning_parser: None,
+            responses_store_max: DEFAULT_RESPONSES_STORE_MAX,
+            responses_store_ttl_secs: DEFAULT_RESPONSES_STORE_TTL_S,
             event_log: None,
         }
     }
@@ -113,6 +126,16 @@ fn parse_reasoning_parser(name: &str) -> Result<cachet_text::ReasoningFormat, St
         .ok_or_else(|| format!("unknown reasoning parser {name:?} (expected qwen3 or deepseek_r1)"))
 }
 
+/// A number of seconds: finite and not negative.
+fn parse_ttl_secs(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is not a number of seconds (finite, 0 or more)"
+        )),
+    }
+}
+
 impl ServerArgs {
     /// The name reported in responses and metric labels: the first served name, or `fallback`
     /// (the engine's model name).
@@ -121,5 +144,19 @@ impl ServerArgs {
             .first()
             .cloned()
             .unwrap_or_else(|| fallback.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ttl_secs;
+
+    #[test]
+    fn a_store_ttl_is_finite_and_not_negative() {
+        assert_eq!(parse_ttl_secs("0"), Ok(0.0));
+        assert_eq!(parse_ttl_secs("90.5"), Ok(90.5));
+        for bad in ["-1", "NaN", "inf", "soon"] {
+            assert!(parse_ttl_secs(bad).is_err(), "{bad}");
+        }
     }
 }

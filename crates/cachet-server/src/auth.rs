@@ -88,6 +88,22 @@ fn provided_key(headers: &HeaderMap) -> Option<&str> {
 tokio::task_local! {
     /// The tenant name of the key that authorized the request being handled.
     static TENANT: Option<Arc<str>>;
+    /// Which key authorized it: a digest of the key (never the key itself).
+    static KEY_ID: Arc<str>;
+}
+
+/// The digest that names an API key in what the server keeps per key (stored responses):
+/// hex BLAKE3 of the key, so nothing kept (or later written to disk) holds a key.
+pub fn key_id(key: &str) -> Arc<str> {
+    Arc::from(blake3::hash(key.as_bytes()).to_hex().as_str())
+}
+
+/// The key that authorized the request this task handles ([`key_id`]); `""` when the server
+/// requires no key (then every caller is the same owner).
+pub fn current_key_id() -> Arc<str> {
+    KEY_ID
+        .try_with(Clone::clone)
+        .unwrap_or_else(|_| Arc::from(""))
 }
 
 /// The tenant name of the request this task handles (its API key's name), if any.
@@ -105,10 +121,11 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
     if keys.is_empty() {
         return next.run(req).await;
     }
-    let err = match keys.check(provided_key(req.headers())) {
-        Some(Some(_)) if operator_route(req.uri().path()) => ApiError::OperatorOnly,
-        Some(name) => return TENANT.scope(name, next.run(req)).await,
-        None => ApiError::Unauthorized,
+    let provided = provided_key(req.headers()).map(key_id);
+    let err = match (keys.check(provided_key(req.headers())), provided) {
+        (Some(Some(_)), _) if operator_route(req.uri().path()) => ApiError::OperatorOnly,
+        (Some(name), Some(id)) => return TENANT.scope(name, KEY_ID.scope(id, next.run(req))).await,
+        _ => ApiError::Unauthorized,
     };
     if req.uri().path().starts_with("/v1/messages") {
         err.anthropic_response()

@@ -111,6 +111,13 @@ pub enum ApiError {
     /// No route has this path (404).
     #[error("Not found.")]
     NotFound,
+    /// A stored object (a response) that does not exist for this API key (404); `param`
+    /// names the field that gave its id, when a body did.
+    #[error("{message}")]
+    NotFoundId {
+        message: String,
+        param: Option<&'static str>,
+    },
     /// The path exists, the method does not (405).
     #[error("Method not allowed.")]
     MethodNotAllowed,
@@ -182,7 +189,9 @@ impl ApiError {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
-            ApiError::ModelNotFound(_) | ApiError::NotFound => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::NotFound | ApiError::NotFoundId { .. } => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::ForbiddenOrigin | ApiError::OperatorOnly => StatusCode::FORBIDDEN,
             ApiError::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -203,6 +212,7 @@ impl ApiError {
             ApiError::ContextLength { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             ApiError::SessionBusy(_) => Some("session_id"),
+            ApiError::NotFoundId { param, .. } => *param,
             _ => None,
         }
     }
@@ -215,6 +225,7 @@ impl ApiError {
             }
             ApiError::ModelNotFound(_) => ("invalid_request_error", Some("model_not_found")),
             ApiError::NotFound => ("invalid_request_error", Some("not_found")),
+            ApiError::NotFoundId { .. } => ("invalid_request_error", Some("not_found")),
             ApiError::Unauthorized => ("invalid_request_error", Some("invalid_api_key")),
             ApiError::ForbiddenOrigin => ("permission_error", Some("forbidden_origin")),
             ApiError::OperatorOnly => ("permission_error", Some("operator_key_required")),
@@ -244,7 +255,9 @@ impl ApiError {
             | ApiError::MethodNotAllowed
             | ApiError::UnsupportedMediaType
             | ApiError::RequestTimeout { .. } => "invalid_request_error",
-            ApiError::ModelNotFound(_) | ApiError::NotFound => "not_found_error",
+            ApiError::ModelNotFound(_) | ApiError::NotFound | ApiError::NotFoundId { .. } => {
+                "not_found_error"
+            }
             ApiError::Unauthorized => "authentication_error",
             ApiError::ForbiddenOrigin | ApiError::OperatorOnly => "permission_error",
             ApiError::PayloadTooLarge { .. } => "request_too_large",

@@ -59,6 +59,10 @@ fn never(_: &Value) -> bool {
     false
 }
 
+fn zero(v: &Value) -> bool {
+    v.as_u64() == Some(0)
+}
+
 fn empty_string(v: &Value) -> bool {
     v.as_str() == Some("")
 }
@@ -273,6 +277,55 @@ pub const MESSAGES: &[Field] = &[
     ),
 ];
 
+/// `/v1/responses` (the OpenAI Responses API).
+pub const RESPONSES: &[Field] = &[
+    yes("model", "must be a served name (`/v1/models`); absent: the first"),
+    yes(
+        "input",
+        "a string or items: messages (input_text/output_text parts), function_call, function_call_output, reasoning (dropped)",
+    ),
+    yes("instructions", "a system message before the input (not carried over by previous_response_id)"),
+    yes("tools", "function tools; hosted and namespace tools accepted and left out of the prompt"),
+    yes("tool_choice", "none/auto/required/a function (required and a function by grammar)"),
+    yes("parallel_tool_calls", "false: at most one call"),
+    yes("text", "`format`: text, json_object, json_schema (grammar); `verbosity` accepted"),
+    yes(
+        "max_output_tokens",
+        "clamped to what the context leaves after the input; absent: fill the context",
+    ),
+    yes("temperature", "[0, 2]"),
+    yes("top_p", "(0, 1]"),
+    yes(
+        "reasoning",
+        "`effort` reaches the chat template as `reasoning_effort`; `summary`: the reasoning text as its summary",
+    ),
+    yes("include", "accepted; nothing encrypted is ever returned"),
+    yes("metadata", "stored with the response"),
+    yes("user", "stored with the response"),
+    yes("prompt_cache_key", "echoed; prefix caching is automatic"),
+    yes(
+        "truncation",
+        "`disabled` or `auto` (oldest items dropped until the input fits the context)",
+    ),
+    yes("store", "default true: kept (bounded) with its KV parked as a session"),
+    yes("stream", "SSE, the Responses API's events"),
+    yes("previous_response_id", "continues a stored response on its retained KV"),
+    yes("background", "runs detached; GET polls it, cancel aborts it"),
+    yes("cache_salt", "tenant isolation of the prefix cache (cachet)"),
+    yes("stream_options", "`include_obfuscation` accepted and meaningless"),
+    ignored("service_tier", "one tier"),
+    ignored("safety_identifier", "no abuse monitoring here"),
+    ignored("prompt_cache_retention", "cache lifetime is the pool's (LRU)"),
+    ignored("prompt_cache_options", "prefix caching is automatic"),
+    ignored("moderation", "no moderation here"),
+    ignored("client_metadata", "Codex's session and turn ids: nothing here reads them"),
+    rejected("top_logprobs", "no logprobs on this route", zero),
+    rejected("max_tool_calls", "not enforced", never),
+    rejected("conversation", "no conversations API: use previous_response_id", never),
+    rejected("prompt", "no stored prompts", never),
+    rejected("context_management", "the prompt is never edited", never),
+];
+
 /// Fields of `/v1/messages/count_tokens` beyond the ones it shares with `/v1/messages`.
 pub const COUNT_TOKENS_EXTRA: &[&str] = &[];
 
@@ -296,6 +349,7 @@ pub enum Route {
     Chat,
     Completions,
     Messages,
+    Responses,
 }
 
 impl Route {
@@ -304,6 +358,7 @@ impl Route {
             Route::Chat => chat(),
             Route::Completions => completions(),
             Route::Messages => MESSAGES.to_vec(),
+            Route::Responses => RESPONSES.to_vec(),
         }
     }
 }
@@ -383,7 +438,12 @@ mod tests {
 
     #[test]
     fn no_field_is_listed_twice() {
-        for r in [Route::Chat, Route::Completions, Route::Messages] {
+        for r in [
+            Route::Chat,
+            Route::Completions,
+            Route::Messages,
+            Route::Responses,
+        ] {
             let f = r.fields();
             for (i, a) in f.iter().enumerate() {
                 assert!(

@@ -366,6 +366,23 @@ impl Generation {
         self.prompt_len
     }
 
+    /// The generation's end: `fin` as the engine reported it, or, when the stream ended
+    /// without one, an abort with what the first output reported.
+    pub fn final_or_abort(&self, fin: Option<Box<Final>>) -> Final {
+        fin.map(|f| *f).unwrap_or_else(|| Final {
+            stop: StopKind::Abort,
+            report: self.report().cloned(),
+            session: self.session().cloned(),
+            prompt_len: self.prompt_len(),
+            tokens_received: 0,
+            error: None,
+            seq: 0,
+            last: true,
+            divergence_text: None,
+            spec_decode: Vec::new(),
+        })
+    }
+
     /// The next event; `None` after [`GenEvent::Done`].
     pub async fn next(&mut self) -> Option<GenEvent> {
         loop {

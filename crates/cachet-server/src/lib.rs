@@ -44,6 +44,7 @@ pub mod metrics;
 pub mod nonce;
 pub mod openai;
 mod process;
+pub mod responses;
 pub mod router_prediction;
 pub mod sampling;
 mod service_routes;
@@ -85,6 +86,7 @@ struct StateInner {
     per_request_metrics: bool,
     max_body_bytes: usize,
     http: limits::HttpPolicy,
+    responses: responses::Responses,
 }
 
 /// Shared by every route: the engine handle, the tokenizer (the text side is the server's: the
@@ -125,6 +127,10 @@ impl AppState {
                 per_request_metrics: args.enable_per_request_metrics,
                 max_body_bytes: args.max_body_bytes,
                 http: limits::HttpPolicy::from_args(args),
+                responses: responses::Responses::new(responses::StoreLimits {
+                    max_responses: args.responses_store_max,
+                    ttl_secs: args.responses_store_ttl_secs,
+                }),
             }),
         }
     }
@@ -162,6 +168,11 @@ impl AppState {
 
     pub fn max_model_len(&self) -> usize {
         self.inner.engine.model().max_model_len
+    }
+
+    /// The stored responses (`/v1/responses`) and their background runs.
+    pub fn responses(&self) -> &responses::Responses {
+        &self.inner.responses
     }
 
     fn api_keys(&self) -> &auth::ApiKeys {
@@ -229,6 +240,16 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/cache/stats/stream", get(inspect::stats_stream))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::get).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
+        )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/models", get(service_routes::models))
         .route("/v1/sessions/{id}", delete(service_routes::delete_session))
         .route(

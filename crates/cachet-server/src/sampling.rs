@@ -119,6 +119,18 @@ impl Api {
     }
 }
 
+/// Agents size their output limit for 200k-token models: on the Messages and Responses APIs
+/// what the context leaves after the prompt is the most a request can write (a prompt that
+/// fills the context stays the engine's 400; chat and text completions keep vLLM's 400).
+pub fn clamp_to_context(max_tokens: u32, max_model_len: usize, prompt_len: usize) -> u32 {
+    let room = max_model_len.saturating_sub(prompt_len);
+    match u32::try_from(room) {
+        _ if room == 0 => max_tokens,
+        Ok(r) => max_tokens.min(r),
+        Err(_) => max_tokens,
+    }
+}
+
 /// Checks every sampling value against the API's ranges; returns the engine's parameters and
 /// the requested `max_tokens` (`None`: fill the context). Whether the prompt and `max_tokens`
 /// fit the model is the engine's one validation (`RequestLimits::validate`).

@@ -68,7 +68,8 @@ impl Final {
     }
 }
 
-/// OpenAI `usage`, with `prompt_tokens_details` always present.
+/// OpenAI `usage`, with `prompt_tokens_details` always present: the cache-creation count under
+/// OpenAI's name (`cache_write_tokens`) and vLLM's (`created_cache_tokens`), spec §7.
 pub fn openai_usage(f: &Final) -> Value {
     let (prompt, cached, created) = f.numbers();
     let completion = f.completion_tokens();
@@ -78,6 +79,7 @@ pub fn openai_usage(f: &Final) -> Value {
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {
             "cached_tokens": cached,
+            "cache_write_tokens": created,
             "created_cache_tokens": created,
         },
     })
@@ -87,6 +89,22 @@ pub fn openai_usage(f: &Final) -> Value {
 /// the generated tokens whose text lay in the reasoning block, its tags included.
 pub fn with_reasoning_tokens(usage: &mut Value, reasoning_tokens: u64) {
     usage["completion_tokens_details"] = json!({"reasoning_tokens": reasoning_tokens});
+}
+
+/// The Responses API's `usage` (spec §7): `input_tokens` the whole prompt (a continued turn:
+/// the whole conversation), `input_tokens_details.cached_tokens` every token not computed for
+/// this turn, `cache_write_tokens` the cache-creation count, `reasoning_tokens` the generated
+/// tokens inside the model's reasoning.
+pub fn responses_usage(f: &Final, reasoning_tokens: u64) -> Value {
+    let (prompt, cached, created) = f.numbers();
+    let output = f.completion_tokens();
+    json!({
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": created},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens.min(output)},
+        "total_tokens": prompt + output,
+    })
 }
 
 /// Anthropic `usage` from the prompt numbers: `input_tokens` is what was neither read from nor

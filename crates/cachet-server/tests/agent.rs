@@ -241,6 +241,7 @@ fn readme_field_tables_are_generated_from_the_declarations() {
             ("chat", Route::Chat),
             ("completions", Route::Completions),
             ("messages", Route::Messages),
+            ("responses", Route::Responses),
         ] {
             let start = format!("<!-- fields:{name} -->\n");
             let end = format!("<!-- /fields:{name} -->");
@@ -254,6 +255,7 @@ fn readme_field_tables_are_generated_from_the_declarations() {
         ("chat", Route::Chat),
         ("completions", Route::Completions),
         ("messages", Route::Messages),
+        ("responses", Route::Responses),
     ] {
         let start = format!("<!-- fields:{name} -->\n");
         let end = format!("<!-- /fields:{name} -->");

@@ -5,8 +5,8 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use cachet_text::ChatRequest as TemplateRequest;
-use serde_json::{json, Value};
+use cachet_text::{ChatMessage, ChatRequest as TemplateRequest};
+use serde_json::{json, Map, Value};
 
 use crate::body::read_json;
 use crate::error::{ApiError, OpenAiError};
@@ -55,26 +55,48 @@ fn render_chat(
     req: &ChatRequest,
     plan: &ToolPlan,
 ) -> Result<(String, Vec<u32>), ApiError> {
-    let caps = state.agent().caps;
-    let messages = plan.messages_for(caps, convert_messages(&req.messages)?);
-    let tool_values = plan.tool_values();
-    let mut tr = TemplateRequest::new(&messages, req.add_generation_prompt.unwrap_or(true));
-    if plan.template_tools(caps) {
-        tr = tr.with_tools(&tool_values);
-    }
     let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
     if let Some(e) = &req.reasoning_effort {
         kwargs
             .entry("reasoning_effort")
             .or_insert_with(|| Value::String(e.clone()));
     }
+    render_messages(
+        state,
+        plan,
+        convert_messages(&req.messages)?,
+        req.add_generation_prompt.unwrap_or(true),
+        &kwargs,
+        "messages",
+    )
+}
+
+/// A conversation through the chat template with the tool plan's tools (and the generic tool
+/// prompt and history where the template renders neither), and its token ids: the one way the
+/// chat and Responses routes build a prompt. `param` names the request field a template error
+/// is blamed on.
+pub(crate) fn render_messages(
+    state: &AppState,
+    plan: &ToolPlan,
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    kwargs: &Map<String, Value>,
+    param: &'static str,
+) -> Result<(String, Vec<u32>), ApiError> {
+    let caps = state.agent().caps;
+    let messages = plan.messages_for(caps, messages);
+    let tool_values = plan.tool_values();
+    let mut tr = TemplateRequest::new(&messages, add_generation_prompt);
+    if plan.template_tools(caps) {
+        tr = tr.with_tools(&tool_values);
+    }
     if !kwargs.is_empty() {
-        tr = tr.with_kwargs(&kwargs);
+        tr = tr.with_kwargs(kwargs);
     }
     let tok = state.tokenizer();
-    let rendered = tok.render_chat(&tr).map_err(|e| {
-        ApiError::bad_param("messages", format!("Cannot apply the chat template: {e}"))
-    })?;
+    let rendered = tok
+        .render_chat(&tr)
+        .map_err(|e| ApiError::bad_param(param, format!("Cannot apply the chat template: {e}")))?;
     let prompt = tok
         .encode(&rendered, false)
         .map_err(|e| ApiError::Internal(format!("tokenization failed: {e}")))?;

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 use crate::error::ApiError;
 use crate::generate::{Delta, Final, GenEvent, Generation};
 
-use super::{final_or_abort, ChatTools, Echo, Kind, Shape};
+use super::{ChatTools, Echo, Kind, Shape};
 
 pub(super) fn token_text(tok: &dyn TextTokenizer, id: u32) -> String {
     tok.token_to_piece(id).unwrap_or_default()
@@ -154,7 +154,7 @@ pub(super) async fn collect_choices(
             }
         }
     }
-    let last = final_or_abort(gen, last);
+    let last = gen.final_or_abort(last);
     if let Some(e) = &last.error {
         return Err(ApiError::Internal(e.to_string()));
     }

@@ -231,7 +231,7 @@ pub async fn completions(
     let results = futures_util::future::join_all(runs).await;
     let mut choices = Vec::new();
     let mut usage = json!({"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0,
-        "prompt_tokens_details": {"cached_tokens": 0, "created_cache_tokens": 0}});
+        "prompt_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "created_cache_tokens": 0}});
     let mut metrics = Vec::new();
     let mut prefills = Vec::new();
     for r in results {
@@ -244,7 +244,11 @@ pub async fn completions(
         for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
             usage[k] = json!(usage[k].as_u64().unwrap_or(0) + u[k].as_u64().unwrap_or(0));
         }
-        for k in ["cached_tokens", "created_cache_tokens"] {
+        for k in [
+            "cached_tokens",
+            "cache_write_tokens",
+            "created_cache_tokens",
+        ] {
             let d = &u["prompt_tokens_details"][k];
             usage["prompt_tokens_details"][k] = json!(
                 usage["prompt_tokens_details"][k].as_u64().unwrap_or(0) + d.as_u64().unwrap_or(0)

@@ -6,6 +6,7 @@ mod choices;
 mod completions;
 mod stream;
 
+pub(crate) use chat::render_messages;
 pub use chat::{chat_completions, chat_completions_render};
 pub use completions::{completions, completions_render};
 
@@ -23,7 +24,7 @@ use serde_json::{json, Map, Value};
 
 use crate::cache_header::{final_prefill, with_cache_header};
 use crate::error::{ApiError, OpenAiError};
-use crate::generate::{Final, Generation, TextOptions, REQUEST_ID_HEADER};
+use crate::generate::{Generation, TextOptions, REQUEST_ID_HEADER};
 use crate::sampling::{request_draft, Api, DraftInput, SamplingInput, StopField};
 use crate::structured::Guided;
 use crate::tools::{OpenAiTool, ToolPlan};
@@ -282,7 +283,7 @@ pub struct CompletionRequest {
     pub rest: Map<String, Value>,
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -320,24 +321,9 @@ struct Shape {
     prompt_logprobs: bool,
 }
 
-fn final_or_abort(gen: &Generation, fin: Option<Box<Final>>) -> Final {
-    fin.map(|f| *f).unwrap_or_else(|| Final {
-        stop: crate::generate::StopKind::Abort,
-        report: gen.report().cloned(),
-        session: gen.session().cloned(),
-        prompt_len: gen.prompt_len(),
-        tokens_received: 0,
-        error: None,
-        seq: 0,
-        last: true,
-        divergence_text: None,
-        spec_decode: Vec::new(),
-    })
-}
-
 /// The grammar of a request (a forced call, a response format, or vLLM's guided fields) as
 /// its constraint.
-async fn constraint_for(
+pub(crate) async fn constraint_for(
     state: &AppState,
     plan: &ToolPlan,
     answer_schema: Option<&Value>,

@@ -15,7 +15,7 @@ use super::choices::{
     chat_logprobs, completion_logprobs, echo_logprobs, finish_reason, stop_reason, token_text,
     vllm_prompt_logprobs,
 };
-use super::{final_or_abort, now_secs, ChatTools, Kind, Shape};
+use super::{now_secs, ChatTools, Kind, Shape};
 
 /// Streaming `delta.reasoning_content` / `delta.reasoning` for reasoning, `delta.tool_calls`
 /// for parser events; content events become `content` deltas.
@@ -240,7 +240,7 @@ pub(super) fn stream_events(
                 }
             }
         }
-        let fin = final_or_abort(&gen, last_fin);
+        let fin = gen.final_or_abort(last_fin);
         if let Some(e) = &fin.error {
             // The engine failed mid-stream: an error event in OpenAI's shape, then [DONE].
             yield data(&ApiError::Internal(e.to_string()).openai_body());
