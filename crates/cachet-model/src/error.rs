@@ -12,7 +12,7 @@ pub enum ModelError {
     },
     #[error("invalid GGUF file: {0}")]
     Gguf(String),
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("tensor '{name}' has unsupported type {dtype} (supported: F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)")]
     UnsupportedTensorType { name: String, dtype: String },
