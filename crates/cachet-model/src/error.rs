@@ -14,7 +14,7 @@ pub enum ModelError {
     Gguf(String),
     #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
-    #[error("tensor '{name}' has unsupported type {dtype} (supported: F32, F16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)")]
+    #[error("tensor '{name}' has unsupported type {dtype} (supported: {supported})", supported = cachet_kernels::WeightType::supported_names())]
     UnsupportedTensorType { name: String, dtype: String },
     #[error("missing GGUF metadata key '{0}'")]
     MissingMetadata(String),

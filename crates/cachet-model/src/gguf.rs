@@ -1,13 +1,12 @@
 //! GGUF files: metadata, raw tensor bytes (memory-mapped), the llama-family config and weights.
 //!
-//! Parsing of the header is done by `candle_core::quantized::gguf_file`; tensor data is taken as
-//! raw bytes from a memory map and handed to `cachet_kernels::QMatrix::from_gguf_bytes`.
+//! The header is parsed by [`crate::gguf_header`]; tensor data is taken as raw bytes from a
+//! memory map and handed to `cachet_kernels::QMatrix::from_gguf_bytes`.
 //!
-//! A crafted or truncated file is an error, never a panic or a read out of bounds: before
-//! candle reads the header, [`prescan`] walks its metadata and refuses what candle would divide
-//! by (a zero `general.alignment`); after, every tensor's size and extent are checked against
-//! the file ([`check_tensors`]), and [`LlamaConfig::from_gguf`] refuses dimensions no model has
-//! ([`MAX_LAYERS`] and the like), so the sizes computed from them cannot overflow.
+//! A crafted or truncated file is an error, never a panic or a read out of bounds: the header
+//! parser bounds every count by the bytes left, every tensor's size and extent are checked
+//! against the file ([`check_tensors`]), and [`LlamaConfig::from_gguf`] refuses dimensions no
+//! model has ([`MAX_LAYERS`] and the like), so the sizes computed from them cannot overflow.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -15,16 +14,16 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use cachet_kernels::{QMatrix, WeightType};
-use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::GgmlDType;
 
 use crate::executor::KvDtype;
+pub use crate::gguf_header::Value;
+use crate::gguf_header::{self as header, Header, HeaderError};
 use crate::ModelError;
 
 /// An open GGUF file: parsed header and a memory map of the whole file.
 pub struct GgufFile {
     path: PathBuf,
-    content: Content,
+    header: Header,
     mmap: memmap2::Mmap,
 }
 
@@ -38,13 +37,19 @@ impl GgufFile {
         // SAFETY: the file is opened read-only; cachet never writes model files while serving.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err)?;
         let bad = |e: String| ModelError::Gguf(format!("{}: {e}", path.display()));
-        prescan(&mmap).map_err(bad)?;
-        let content =
-            Content::read(&mut std::io::Cursor::new(&mmap[..])).map_err(|e| bad(e.to_string()))?;
-        check_tensors(&content, mmap.len()).map_err(bad)?;
+        let header = header::parse(&mmap).map_err(|e| match e {
+            HeaderError::Format(m) => bad(m),
+            HeaderError::UnsupportedType { tensor, ggml_name } => {
+                ModelError::UnsupportedTensorType {
+                    name: tensor,
+                    dtype: ggml_name,
+                }
+            }
+        })?;
+        check_tensors(&header, mmap.len()).map_err(bad)?;
         Ok(GgufFile {
             path: path.to_path_buf(),
-            content,
+            header,
             mmap,
         })
     }
@@ -54,11 +59,11 @@ impl GgufFile {
     }
 
     pub fn metadata(&self) -> &HashMap<String, Value> {
-        &self.content.metadata
+        &self.header.metadata
     }
 
     pub fn meta(&self, key: &str) -> Option<&Value> {
-        self.content.metadata.get(key)
+        self.header.metadata.get(key)
     }
 
     pub fn meta_str(&self, key: &str) -> Option<&str> {
@@ -69,21 +74,21 @@ impl GgufFile {
     }
 
     pub fn meta_u64(&self, key: &str) -> Option<u64> {
-        self.meta(key).and_then(value_u64)
+        self.meta(key).and_then(header::integer)
     }
 
     pub fn meta_f32(&self, key: &str) -> Option<f32> {
         match self.meta(key)? {
             Value::F32(v) => Some(*v),
             Value::F64(v) => Some(*v as f32),
-            v => value_u64(v).map(|x| x as f32),
+            v => header::integer(v).map(|x| x as f32),
         }
     }
 
     pub fn meta_bool(&self, key: &str) -> Option<bool> {
         match self.meta(key)? {
             Value::Bool(b) => Some(*b),
-            v => value_u64(v).map(|x| x != 0),
+            v => header::integer(v).map(|x| x != 0),
         }
     }
 
@@ -95,29 +100,29 @@ impl GgufFile {
     }
 
     pub fn has_tensor(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.header.tensors.contains_key(name)
     }
 
     /// Names of every tensor the file declares.
     pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
-        self.content.tensor_infos.keys().map(String::as_str)
+        self.header.tensors.keys().map(String::as_str)
     }
 
     /// Dimensions in row-major order (`[rows, cols]` for a matrix), type and raw bytes.
-    pub fn tensor_raw(&self, name: &str) -> Result<(Vec<usize>, GgmlDType, &[u8]), ModelError> {
+    pub fn tensor_raw(&self, name: &str) -> Result<(Vec<usize>, WeightType, &[u8]), ModelError> {
         let info = self
-            .content
-            .tensor_infos
+            .header
+            .tensors
             .get(name)
             .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
-        let dims = info.shape.dims().to_vec();
-        let size = tensor_size(&dims, info.ggml_dtype).ok_or_else(|| {
+        let dims = info.dims.clone();
+        let size = tensor_size(&dims, info.weight_type).ok_or_else(|| {
             ModelError::Gguf(format!(
-                "tensor '{name}': shape {dims:?} is not whole blocks of {:?} or overflows",
-                info.ggml_dtype
+                "tensor '{name}': shape {dims:?} is not whole blocks of {} or overflows",
+                info.weight_type.ggml_name()
             ))
         })?;
-        let start = self.content.tensor_data_offset.saturating_add(info.offset);
+        let start = self.header.data_offset.saturating_add(info.offset);
         let start = usize::try_from(start)
             .map_err(|_| ModelError::Gguf(format!("tensor '{name}' offset overflow")))?;
         let end = start
@@ -130,15 +135,15 @@ impl GgufFile {
                     self.mmap.len()
                 ))
             })?;
-        Ok((dims, info.ggml_dtype, &self.mmap[start..end]))
+        Ok((dims, info.weight_type, &self.mmap[start..end]))
     }
 
     /// Total bytes of tensor data.
     pub fn tensor_bytes_total(&self) -> u64 {
-        self.content
-            .tensor_infos
+        self.header
+            .tensors
             .values()
-            .filter_map(|i| tensor_size(i.shape.dims(), i.ggml_dtype))
+            .filter_map(|i| tensor_size(&i.dims, i.weight_type))
             .fold(0u64, |a, b| a.saturating_add(b as u64))
     }
 
@@ -152,7 +157,7 @@ impl GgufFile {
 
     /// BLAKE3 over the header part of the file (metadata + tensor infos) only.
     pub fn fingerprint_header(&self) -> [u8; 32] {
-        let end = (self.content.tensor_data_offset as usize).min(self.mmap.len());
+        let end = (self.header.data_offset as usize).min(self.mmap.len());
         let mut h = blake3::Hasher::new();
         h.update(b"cachet-gguf-header-v1");
         h.update(&self.mmap[..end]);
@@ -162,28 +167,27 @@ impl GgufFile {
 
 /// Bytes of a tensor of `dims` and type `dt`; `None` when the element count overflows or is
 /// not a whole number of blocks.
-fn tensor_size(dims: &[usize], dt: GgmlDType) -> Option<usize> {
+fn tensor_size(dims: &[usize], wt: WeightType) -> Option<usize> {
     let elems = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d))?;
-    let bs = dt.block_size();
-    if bs == 0 || !elems.is_multiple_of(bs) {
+    if !elems.is_multiple_of(wt.block_len()) {
         return None;
     }
-    (elems / bs).checked_mul(dt.type_size())
+    (elems / wt.block_len()).checked_mul(wt.block_bytes())
 }
 
 /// Every tensor's size is computable and its bytes lie inside the file.
-fn check_tensors(content: &Content, file_len: usize) -> Result<(), String> {
-    for (name, info) in &content.tensor_infos {
+fn check_tensors(header: &Header, file_len: usize) -> Result<(), String> {
+    for (name, info) in &header.tensors {
         let name: String = name.chars().take(80).collect();
-        let dims = info.shape.dims();
-        let size = tensor_size(dims, info.ggml_dtype).ok_or_else(|| {
+        let dims = &info.dims;
+        let size = tensor_size(dims, info.weight_type).ok_or_else(|| {
             format!(
-                "tensor '{name}': shape {dims:?} is not whole blocks of {:?} or overflows",
-                info.ggml_dtype
+                "tensor '{name}': shape {dims:?} is not whole blocks of {} or overflows",
+                info.weight_type.ggml_name()
             )
         })?;
-        let end = content
-            .tensor_data_offset
+        let end = header
+            .data_offset
             .checked_add(info.offset)
             .and_then(|s| usize::try_from(s).ok())
             .and_then(|s| s.checked_add(size));
@@ -195,160 +199,6 @@ fn check_tensors(content: &Content, file_len: usize) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Reads the little-endian scalars, strings and arrays of a GGUF header.
-struct HeaderReader<'a> {
-    b: &'a [u8],
-    pos: usize,
-    /// v2 and v3 write lengths as u64, v1 as u32.
-    wide: bool,
-}
-
-/// Deepest nesting of arrays accepted (as candle).
-const MAX_VALUE_DEPTH: usize = 64;
-
-impl HeaderReader<'_> {
-    fn take(&mut self, n: u64) -> Result<&[u8], String> {
-        let left = self.b.len() - self.pos;
-        let n = usize::try_from(n)
-            .ok()
-            .filter(|&n| n <= left)
-            .ok_or_else(|| format!("needs {n} bytes at offset {}, {left} left", self.pos))?;
-        let out = &self.b[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(out)
-    }
-
-    fn u32(&mut self) -> Result<u32, String> {
-        let b = self.take(4)?;
-        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-    }
-
-    fn u64(&mut self) -> Result<u64, String> {
-        let b = self.take(8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(b);
-        Ok(u64::from_le_bytes(a))
-    }
-
-    fn len(&mut self) -> Result<u64, String> {
-        if self.wide {
-            self.u64()
-        } else {
-            self.u32().map(u64::from)
-        }
-    }
-
-    fn string(&mut self) -> Result<&[u8], String> {
-        let n = self.len()?;
-        self.take(n)
-    }
-
-    /// Bytes of one value of a fixed-size type.
-    fn fixed_size(ty: u32) -> Option<u64> {
-        match ty {
-            0 | 1 | 7 => Some(1),
-            2 | 3 => Some(2),
-            4..=6 => Some(4),
-            10..=12 => Some(8),
-            _ => None,
-        }
-    }
-
-    /// The value of an integer of type 0..=5 (the types candle reads `general.alignment` from);
-    /// `None` for a negative one.
-    fn small_int(&mut self, ty: u32) -> Result<Option<u64>, String> {
-        let size = Self::fixed_size(ty).unwrap_or(0);
-        let b = self.take(size)?;
-        Ok(match ty {
-            0 => Some(u64::from(b[0])),
-            1 => u64::try_from(b[0] as i8).ok(),
-            2 => Some(u64::from(u16::from_le_bytes([b[0], b[1]]))),
-            3 => u64::try_from(i16::from_le_bytes([b[0], b[1]])).ok(),
-            4 => Some(u64::from(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-            _ => u64::try_from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])).ok(),
-        })
-    }
-
-    fn skip(&mut self, ty: u32, depth: usize) -> Result<(), String> {
-        if depth > MAX_VALUE_DEPTH {
-            return Err(format!("arrays nested deeper than {MAX_VALUE_DEPTH}"));
-        }
-        if let Some(n) = Self::fixed_size(ty) {
-            return self.take(n).map(|_| ());
-        }
-        match ty {
-            8 => self.string().map(|_| ()),
-            9 => {
-                let elem = self.u32()?;
-                let n = self.len()?;
-                match Self::fixed_size(elem) {
-                    Some(size) => self
-                        .take(n.checked_mul(size).ok_or("array size overflows")?)
-                        .map(|_| ()),
-                    None => {
-                        for _ in 0..n {
-                            self.skip(elem, depth + 1)?;
-                        }
-                        Ok(())
-                    }
-                }
-            }
-            other => Err(format!("unknown value type {other}")),
-        }
-    }
-}
-
-/// Walks the metadata of the header the way candle will read it and refuses a
-/// `general.alignment` that is 0 or not a power of two (candle divides by it). Also refuses
-/// what candle would: a bad magic or version, a length past the end, an unknown type.
-fn prescan(b: &[u8]) -> Result<(), String> {
-    let mut r = HeaderReader {
-        b,
-        pos: 0,
-        wide: true,
-    };
-    let magic = r.u32()?;
-    if magic != 0x4655_4747 && magic != 0x4747_5546 {
-        return Err(format!("not a GGUF file (magic 0x{magic:08x})"));
-    }
-    r.wide = match r.u32()? {
-        1 => false,
-        2 | 3 => true,
-        v => return Err(format!("unsupported GGUF version {v}")),
-    };
-    let _tensors = r.len()?;
-    let entries = r.len()?;
-    for _ in 0..entries {
-        let is_alignment = r.string()? == b"general.alignment";
-        let ty = r.u32()?;
-        if is_alignment && ty <= 5 {
-            if let Some(a) = r.small_int(ty)? {
-                if !a.is_power_of_two() {
-                    return Err(format!("general.alignment {a} is not a power of two"));
-                }
-            }
-        } else {
-            r.skip(ty, 0)?;
-        }
-    }
-    Ok(())
-}
-
-fn value_u64(v: &Value) -> Option<u64> {
-    match v {
-        Value::U8(x) => Some(*x as u64),
-        Value::I8(x) => u64::try_from(*x).ok(),
-        Value::U16(x) => Some(*x as u64),
-        Value::I16(x) => u64::try_from(*x).ok(),
-        Value::U32(x) => Some(*x as u64),
-        Value::I32(x) => u64::try_from(*x).ok(),
-        Value::U64(x) => Some(*x),
-        Value::I64(x) => u64::try_from(*x).ok(),
-        Value::Bool(b) => Some(*b as u64),
-        _ => None,
-    }
 }
 
 /// Most layers a model may declare.
@@ -663,7 +513,7 @@ fn gemma3_layers(f: &GgufFile, layers: &mut [LayerAttn]) -> Result<(), ModelErro
             )));
         }
         for (l, v) in layers.iter_mut().zip(arr) {
-            if value_u64(v).is_some_and(|x| x != 0) {
+            if header::integer(v).is_some_and(|x| x != 0) {
                 *l = local;
             }
         }
@@ -678,24 +528,6 @@ fn gemma3_layers(f: &GgufFile, layers: &mut [LayerAttn]) -> Result<(), ModelErro
     Ok(())
 }
 
-fn weight_type(name: &str, dt: GgmlDType) -> Result<WeightType, ModelError> {
-    Ok(match dt {
-        GgmlDType::F32 => WeightType::F32,
-        GgmlDType::F16 => WeightType::F16,
-        GgmlDType::Q8_0 => WeightType::Q8_0,
-        GgmlDType::Q4_0 => WeightType::Q4_0,
-        GgmlDType::Q4_1 => WeightType::Q4_1,
-        GgmlDType::Q4K => WeightType::Q4K,
-        GgmlDType::Q6K => WeightType::Q6K,
-        other => {
-            return Err(ModelError::UnsupportedTensorType {
-                name: name.to_string(),
-                dtype: format!("{other:?}"),
-            })
-        }
-    })
-}
-
 /// A dense f32 vector tensor (norm weights, biases).
 fn load_vec(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let (dims, dt, bytes) = f.tensor_raw(name)?;
@@ -708,11 +540,11 @@ fn load_vec(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError
         });
     }
     match dt {
-        GgmlDType::F32 => Ok(bytes
+        WeightType::F32 => Ok(bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect()),
-        GgmlDType::F16 => Ok(bytes
+        WeightType::F16 => Ok(bytes
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect()),
@@ -746,8 +578,7 @@ fn load_matrix(f: &GgufFile, name: &str, expected: &[usize]) -> Result<QMatrix, 
             expected: expected.to_vec(),
         });
     }
-    let wt = weight_type(name, dt)?;
-    QMatrix::from_gguf_bytes(wt, rows, cols, bytes)
+    QMatrix::from_gguf_bytes(dt, rows, cols, bytes)
         .map_err(|e| ModelError::Kernel(format!("{name}: {e}")))
 }
 
@@ -774,7 +605,7 @@ impl Fused {
         }
         let same = parts.iter().all(|p| p.1 == parts[0].1);
         if same {
-            let wt = weight_type(names[0], parts[0].1)?;
+            let wt = parts[0].1;
             let total: usize = rows.iter().sum();
             let mut buf = Vec::with_capacity(parts.iter().map(|p| p.2.len()).sum());
             for p in &parts {
@@ -786,9 +617,8 @@ impl Fused {
         } else {
             let mut v = Vec::new();
             for p in parts {
-                let wt = weight_type(p.0, p.1)?;
                 v.push(
-                    QMatrix::from_gguf_bytes(wt, p.3, cols, p.2)
+                    QMatrix::from_gguf_bytes(p.1, p.3, cols, p.2)
                         .map_err(|e| ModelError::Kernel(format!("{}: {e}", p.0)))?,
                 );
             }

@@ -11,6 +11,7 @@
 pub mod error;
 pub mod executor;
 pub mod gguf;
+pub mod gguf_header;
 pub mod math;
 pub mod sampling;
 pub mod tokenizer;

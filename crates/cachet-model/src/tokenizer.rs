@@ -12,7 +12,6 @@ use std::sync::Arc;
 use cachet_text::{
     ChatMessage, ChatRequest, ChatTemplate, TemplateCaps, TextTokenizer, TokenizerError,
 };
-use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
@@ -29,7 +28,7 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::NormalizerWrapper;
 use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
-use crate::gguf::GgufFile;
+use crate::gguf::{GgufFile, Value};
 use crate::ModelError;
 
 const GPT2_PATTERN: &str =

@@ -52,8 +52,8 @@ fn tensor_dimensions_that_overflow_are_refused_at_open() {
     );
 }
 
-/// `general.alignment = 0`: candle divides the header end by it. Refused before candle reads
-/// the header; 3 (not a power of two) too; 64 is fine.
+/// `general.alignment = 0`: the data offset is rounded up to it. Refused; 3 (not a power of
+/// two) and a negative value (ggml requires a u32 power of two) too; 64 is fine.
 #[test]
 fn alignment_zero_or_not_a_power_of_two_is_an_error() {
     for a in [0u32, 3] {
@@ -69,8 +69,7 @@ fn alignment_zero_or_not_a_power_of_two_is_an_error() {
         assert!(open("align", &gguf(&[("general.alignment", v)])).is_err());
     }
     assert!(open("align", &gguf(&[("general.alignment", Value::U32(64))])).is_ok());
-    // A negative alignment is not one candle reads: its default applies.
-    assert!(open("align", &gguf(&[("general.alignment", Value::I32(-8))])).is_ok());
+    assert!(open("align", &gguf(&[("general.alignment", Value::I32(-8))])).is_err());
 }
 
 /// A tensor declared past the end of the file is refused at open, not at first use.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 use cachet_core::exec::SampleSpec;
 use cachet_core::{ExecBatch, Executor, SamplingParams, SeqChunk};
+use cachet_kernels::WeightType;
 use cachet_model::{load_model, ExecutorConfig, KvDtype, LlamaExecutor, LoadOptions, LoadedModel};
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
@@ -553,6 +554,132 @@ fn q4_0_and_f16_weights_match_dense_reference() {
         let c = case(dt, true, tol);
         run_scenarios(&c, KvDtype::F32);
     }
+}
+
+/// The 5-bit types and BF16: the dense reference dequantizes them with candle. BF16 weights
+/// widen to f32 exactly, so they take the F32 case's tolerance.
+#[test]
+fn q5_and_bf16_weights_match_dense_reference() {
+    for (dt, tol) in [
+        (GgmlDType::Q5_0, 4e-2),
+        (GgmlDType::Q5_1, 4e-2),
+        (GgmlDType::BF16, 2e-4),
+    ] {
+        let c = case(dt, false, tol);
+        run_scenarios(&c, KvDtype::F32);
+    }
+}
+
+/// Offsets of the ggml type id of every tensor info in `bytes` (a file candle wrote: GGUF v3,
+/// tensor names from [`tensor_names`] and `output.weight`) whose type is `id`, by name.
+fn type_id_offsets(bytes: &[u8], names: &[String], id: u32) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    for name in names {
+        // The info: name length (u64), name, n_dims (u32), dims (u64 each), type id (u32).
+        let mut needle = (name.len() as u64).to_le_bytes().to_vec();
+        needle.extend_from_slice(name.as_bytes());
+        let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) else {
+            continue;
+        };
+        let dims_at = at + needle.len();
+        let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().expect("u32"));
+        let ty = dims_at + 4 + 8 * n_dims as usize;
+        if bytes[ty..ty + 4] == id.to_le_bytes() {
+            out.push((name.clone(), ty));
+        }
+    }
+    out
+}
+
+/// IQ4_NL weights, which candle cannot read: a Q4_0 model (IQ4_NL blocks are the same 18 bytes
+/// per 32 values: an f16 scale and 16 bytes of nibbles) with its matrices' type ids set to
+/// IQ4_NL (20), so the same bytes now mean IQ4_NL's non-linear levels. The dense reference
+/// decodes those bytes with `dequantize_row_bytes` (checked against ggml's tables by the
+/// kernels' `ggml_blocks` tests); norms stay F32 and are read by candle.
+#[test]
+fn iq4_nl_weights_match_dense_reference() {
+    let path = write_tiny(GgmlDType::Q4_0, false, 41);
+    let mut bytes = std::fs::read(&path).expect("read");
+    let mut names: Vec<String> = tensor_names().into_iter().map(|(n, _)| n).collect();
+    names.push("output.weight".into());
+    let patched = type_id_offsets(&bytes, &names, 2);
+    assert_eq!(patched.len(), 1 + 7 * LAYERS + 1, "every matrix is Q4_0");
+    let mut dense = Dense::read(&path);
+    for (name, ty) in &patched {
+        bytes[*ty..*ty + 4].copy_from_slice(&20u32.to_le_bytes());
+        let mut raw = {
+            let mut f = std::fs::File::open(&path).expect("open");
+            let c = gguf_file::Content::read(&mut f).expect("read");
+            let q = c.tensor(&mut f, name, &Device::Cpu).expect("tensor");
+            q.data().expect("bytes").into_owned()
+        };
+        let at = bytes
+            .windows(raw.len())
+            .position(|w| w == raw)
+            .expect("the tensor's bytes in the file");
+        // IQ4_NL's levels reach ±127 where Q4_0's reach ±8: a sixteenth of each block's scale
+        // keeps the weights as large as the Q4_0 model's (exact in f16).
+        for block in raw.chunks_exact_mut(18) {
+            let d = half::f16::from_le_bytes([block[0], block[1]]).to_f32() / 16.0;
+            block[..2].copy_from_slice(&half::f16::from_f32(d).to_le_bytes());
+        }
+        bytes[at..at + raw.len()].copy_from_slice(&raw);
+        let mut w = vec![f32::NAN; dense.t[name].len()];
+        cachet_kernels::quant::dequantize_row_bytes(WeightType::IQ4NL, &raw, &mut w)
+            .expect("IQ4_NL decode");
+        dense.t.insert(name.clone(), w);
+    }
+    let p2 = path.with_extension("iq4nl.gguf");
+    std::fs::write(&p2, &bytes).expect("write");
+    let model = load_model(
+        &p2,
+        &LoadOptions {
+            threads: 2,
+            progress: false,
+            full_fingerprint: true,
+            ..Default::default()
+        },
+    )
+    .expect("an IQ4_NL model loads");
+    let c = Case {
+        model,
+        dense,
+        tol: 5e-2,
+    };
+    run_scenarios(&c, KvDtype::F32);
+}
+
+/// A tensor of a type the kernels do not run (IQ2_XXS's id patched into the header) is one
+/// error line naming the tensor, its type and the supported types.
+#[test]
+fn unsupported_tensor_type_is_named() {
+    let path = write_tiny(GgmlDType::Q4_0, true, 98);
+    let mut bytes = std::fs::read(&path).expect("read");
+    let names = vec!["blk.0.attn_q.weight".to_string()];
+    let [(_, ty)] = type_id_offsets(&bytes, &names, 2)[..] else {
+        panic!("blk.0.attn_q.weight is Q4_0");
+    };
+    bytes[ty..ty + 4].copy_from_slice(&16u32.to_le_bytes());
+    let p2 = path.with_extension("iq2.gguf");
+    std::fs::write(&p2, &bytes).expect("write");
+    let opts = LoadOptions {
+        threads: 1,
+        progress: false,
+        full_fingerprint: false,
+        ..Default::default()
+    };
+    let err = match load_model(&p2, &opts) {
+        Ok(_) => panic!("an IQ2_XXS tensor must not load"),
+        Err(e) => e.to_string(),
+    };
+    assert!(!err.contains('\n'), "{err}");
+    assert!(
+        err.ends_with(
+            "tensor 'blk.0.attn_q.weight' has unsupported type IQ2_XXS (supported: F32, F16, \
+             BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS)"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
