@@ -1,13 +1,12 @@
 //! The real Gemma 3 270M (Q4_K_M, `scripts/fetch-gemma3.sh`) against llama.cpp's greedy
 //! continuations of the same file (`tests/fixtures/gemma3-270m-greedy.json`, recorded by
 //! `scripts/peer/record-gemma3-fixture.py`; see `tests/fixtures/README.md`): the tokenizer
-//! gives llama.cpp's prompt ids, and greedy decoding gives its tokens, for three short prompts
-//! (32 tokens) and one of about 3,000 tokens (six sliding windows of 512).
+//! gives llama.cpp's prompt ids, and greedy decoding follows its tokens up to near-ties (see
+//! [`NEAR_TIE`]) for three short prompts (32 tokens) and one of 4,598 tokens (nine sliding
+//! windows of 512).
 //!
 //! Skipped with a message when the model file is absent, except under CI (`CI` set), where
-//! its absence fails the test. Ignored until the Q5_0 kernels (branch `formats`) are merged:
-//! the file's Q/K/gate/up matrices are Q5_0; `cargo test -p cachet-model --test real_gemma3
-//! -- --ignored` runs them.
+//! its absence fails the test.
 
 mod common;
 
@@ -96,7 +95,6 @@ fn exec(m: &LoadedModel) -> LlamaExecutor {
 }
 
 #[test]
-#[ignore = "the file holds Q5_0 tensors: needs the Q5_0 kernels of branch `formats`"]
 fn gemma3_config_matches_the_file() {
     let Some(m) = model() else { return };
     let c = &m.weights.config;
@@ -126,7 +124,6 @@ fn gemma3_config_matches_the_file() {
 
 /// The chat prompt of a file without a template is Gemma's turn format.
 #[test]
-#[ignore = "the file holds Q5_0 tensors: needs the Q5_0 kernels of branch `formats`"]
 fn gemma3_chat_uses_the_turn_format() {
     let Some(m) = model() else { return };
     let text = m
@@ -148,16 +145,112 @@ fn gemma3_chat_uses_the_turn_format() {
     assert_eq!(&ids[ids.len() - 5..], &[106, 107, 105, 4368, 107]);
 }
 
-/// llama.cpp's prompt ids, then its greedy tokens, for every recorded prompt.
+/// Largest gap (in logits) at which cachet may rank a token of llama.cpp's greedy path below
+/// its own best. The fixture comes from llama-server's defaults: CPU flash attention over an
+/// f16 KV cache, which rounds Q to f16 and accumulates V in f16. That moves its logits by
+/// about 0.2 here: at `capital` step 11 it ranks 7488 over 5279 by 0.213, while the same
+/// server with `-fa off -ctk f32 -ctv f32` gives 0.019 and an f64 numpy forward of the same
+/// graph 0.014 (cachet: 5279 by 0.06, then a different continuation). A wrong window, RoPE
+/// base, norm or scale moves logits by whole units.
+const NEAR_TIE: f32 = 0.25;
+
+/// cachet's logits along a token path (teacher forcing): the prompt in chunks of 512, then
+/// one token at a time; row `i` is the distribution of `path[i]` given `prompt + path[..i]`.
+/// The same chunks and bits as greedy decoding while it follows the path.
+fn logits_along(e: &mut LlamaExecutor, prompt: &[u32], path: &[u32]) -> Vec<Vec<f32>> {
+    use cachet_core::exec::SampleSpec;
+    use cachet_core::{ExecBatch, SeqChunk};
+    let params = SamplingParams::default();
+    let mut seq = prompt.to_vec();
+    seq.extend_from_slice(path);
+    let table: Vec<u32> = (0..seq.len().div_ceil(BLOCK) as u32).collect();
+    let mut rows = Vec::new();
+    let mut start = 0;
+    while start < seq.len() - 1 {
+        let end = if start < prompt.len() {
+            (start + 512).min(prompt.len())
+        } else {
+            start + 1
+        };
+        let batch = ExecBatch {
+            copies: Vec::new(),
+            loads: Vec::new(),
+            seqs: vec![SeqChunk {
+                prompt_logprobs: None,
+                slot: 0,
+                tokens: &seq[start..end],
+                start_pos: start,
+                block_table: &table,
+                sample: Some(SampleSpec {
+                    forks: &[],
+                    drafts: &[],
+                    params: &params,
+                    prompt,
+                    output: &[],
+                }),
+            }],
+        };
+        let row = e.execute_logits(&batch).expect("execute").remove(0);
+        if end >= prompt.len() {
+            rows.push(row);
+        }
+        start = end;
+    }
+    rows
+}
+
+fn argmax(x: &[f32]) -> usize {
+    x.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+            if v > bv {
+                (i, v)
+            } else {
+                (bi, bv)
+            }
+        })
+        .0
+}
+
+/// llama.cpp's prompt ids; then along its greedy path every token is cachet's argmax or within
+/// [`NEAR_TIE`] of it, and cachet's own greedy run equals llama.cpp's up to its first such
+/// tie (for every recorded prompt, the 4,598-token one included: nine windows of 512).
 #[test]
-#[ignore = "the file holds Q5_0 tensors: needs the Q5_0 kernels of branch `formats`"]
-fn gemma3_greedy_matches_llama_cpp() {
+fn gemma3_greedy_follows_llama_cpp_up_to_near_ties() {
     let Some(m) = model() else { return };
     let mut e = exec(m);
-    let mut blocks = Blocks::new(512);
     for case in fixture() {
         let ids = m.tokenizer.encode(&case.prompt, true).expect("encode");
         assert_eq!(ids, case.prompt_tokens, "{}: prompt tokens", case.name);
+        let rows = logits_along(&mut e, &ids, &case.tokens);
+        assert_eq!(rows.len(), case.tokens.len());
+        let mut first_tie = None;
+        let mut same = 0;
+        for (i, (row, &theirs)) in rows.iter().zip(&case.tokens).enumerate() {
+            let best = argmax(row);
+            let margin = row[best] - row[theirs as usize];
+            let mut sorted = row.clone();
+            sorted.sort_by(|a, b| b.total_cmp(a));
+            let gap = sorted[0] - sorted[1];
+            if std::env::var_os("CACHET_TEST_VERBOSE").is_some() {
+                eprintln!(
+                    "{} step {i}: theirs {theirs} ours {best} margin {margin:.4} top-2 gap {gap:.4}",
+                    case.name
+                );
+            }
+            if best == theirs as usize {
+                same += 1;
+            }
+            if first_tie.is_none() && gap < NEAR_TIE {
+                first_tie = Some(i);
+            }
+            assert!(
+                margin < NEAR_TIE,
+                "{} step {i}: llama.cpp's token {theirs} is {margin} below cachet's best {best}",
+                case.name
+            );
+        }
+        let mut blocks = Blocks::new(512);
         let mut reqs = vec![Req::new(ids, SamplingParams::greedy(64))];
         generate_batched(
             &mut e,
@@ -169,12 +262,21 @@ fn gemma3_greedy_matches_llama_cpp() {
             &[],
         );
         let ours = &reqs[0].output;
+        let agree = first_tie.unwrap_or(case.tokens.len());
         eprintln!(
-            "{}: {} prompt tokens -> {:?}",
+            "{}: {} prompt tokens, llama.cpp's token is our argmax at {same}/{} steps, \
+             identical greedy run up to {} (first near-tie: {first_tie:?}) -> {:?}",
             case.name,
             case.prompt_tokens.len(),
+            case.tokens.len(),
+            ours.iter().zip(&case.tokens).take_while(|(a, b)| a == b).count(),
             m.tokenizer.decode(ours, false).unwrap_or_default()
         );
-        assert_eq!(ours, &case.tokens, "{}: greedy tokens", case.name);
+        assert_eq!(
+            &ours[..agree],
+            &case.tokens[..agree],
+            "{}: greedy tokens before the first near-tie",
+            case.name
+        );
     }
 }
