@@ -269,7 +269,10 @@ fn gemma3_greedy_follows_llama_cpp_up_to_near_ties() {
             case.name,
             case.prompt_tokens.len(),
             case.tokens.len(),
-            ours.iter().zip(&case.tokens).take_while(|(a, b)| a == b).count(),
+            ours.iter()
+                .zip(&case.tokens)
+                .take_while(|(a, b)| a == b)
+                .count(),
             m.tokenizer.decode(ours, false).unwrap_or_default()
         );
         assert_eq!(
