@@ -34,6 +34,7 @@ SKIPPED = {
     "scripts/test-deps-dynamo.sh",  # test_kv_events_cachet.py (two instances, Dynamo's indexer)
     "P=$(python3 -c 'print(\"The tide tables of the northern coast, in full. \" * 60)')",  # same
     "cargo test -p cachet-core --release    # one crate's tests",  # how to run tests, no server
+    "scripts/fetch-gemma3.sh",  # test_gemma3.py (serves the Gemma file)
 }
 
 

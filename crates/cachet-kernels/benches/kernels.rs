@@ -217,6 +217,7 @@ fn bench_attention(c: &mut Criterion) {
             start_pos: depth,
             n_tokens: 1,
             scale: 0.125,
+            window: 0,
         };
         g.throughput(Throughput::Elements(ctx as u64));
         g.bench_function(BenchmarkId::new("f32", depth), |b| {
@@ -282,6 +283,7 @@ fn bench_attention_batch(c: &mut Criterion) {
                         start_pos: ctx - 1,
                         n_tokens: 1,
                         scale: 0.125,
+                        window: 0,
                     };
                     let mut o = out[si].lock().unwrap_or_else(|e| e.into_inner());
                     paged_attention(&args, &q[si * nh * hd..(si + 1) * nh * hd], k, v, &mut o);

@@ -153,6 +153,7 @@ fn attention(level: Isa, pools: &[ThreadPool]) {
             start_pos: start,
             n_tokens: n,
             scale: 1.0 / (hd as f32).sqrt(),
+            window: 0,
         };
         let shape = format!("h={nh}/{nkv} hd={hd} bs={bs} start={start} n={n}");
         let mut out = vec![0f32; q.len()];

@@ -124,6 +124,7 @@ fn attention(depth: usize) {
         start_pos: depth,
         n_tokens: 1,
         scale: 0.125,
+        window: 0,
     };
     let iters = 2000;
     let c0 = cpu_time();
@@ -182,6 +183,7 @@ fn attention_prefill(n: usize, start: usize) {
         start_pos: start,
         n_tokens: n,
         scale: 0.125,
+        window: 0,
     };
     let iters = if start > 0 { 50 } else { 5 };
     paged_attention(&args, &q, &kh, &vh, &mut out);
@@ -230,6 +232,7 @@ fn attention_drafts(k: usize, ctx: usize) {
         start_pos: start,
         n_tokens,
         scale: 0.125,
+        window: 0,
     };
     let iters = 300;
     let only_one = std::env::var_os("ONLY_ONE").is_some();
@@ -316,6 +319,7 @@ fn attention_batch(seqs: usize, ctx: usize) {
         start_pos: ctx - 1,
         n_tokens: 1,
         scale: 0.125,
+        window: 0,
     };
     let tables: &'static [Vec<u32>] = Box::leak(tables.into_boxed_slice());
     let step = |out: &mut [f32]| {

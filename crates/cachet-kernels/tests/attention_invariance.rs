@@ -76,6 +76,7 @@ impl<T: KvElem> Case<T> {
             start_pos,
             n_tokens,
             scale: 1.0 / (self.hd as f32).sqrt(),
+            window: 0,
         }
     }
 }

@@ -541,6 +541,7 @@ fn check_attention<T: KvElem>(
         start_pos: start,
         n_tokens: n_tok,
         scale: 1.0 / (hd as f32).sqrt(),
+        window: 0,
     };
     let mut want = vec![0f32; q.len()];
     attention_reference(&args, &q, &k, &v, &mut want);
@@ -618,6 +619,7 @@ fn attention_bad_args_are_errors() {
         start_pos: 3,
         n_tokens: 1,
         scale: 1.0,
+        window: 0,
     };
     assert!(try_paged_attention(&args, &q, &k, &k, &mut out).is_ok());
     args.start_pos = 4; // needs block 5: arena too short

@@ -12,7 +12,7 @@ pub enum ModelError {
     },
     #[error("invalid GGUF file: {0}")]
     Gguf(String),
-    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3)")]
+    #[error("unsupported architecture '{0}' (supported: llama, qwen2, qwen3, gemma3)")]
     UnsupportedArchitecture(String),
     #[error("tensor '{name}' has unsupported type {dtype} (supported: {supported})", supported = cachet_kernels::WeightType::supported_names())]
     UnsupportedTensorType { name: String, dtype: String },

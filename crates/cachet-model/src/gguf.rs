@@ -220,6 +220,8 @@ pub enum Architecture {
     Llama,
     Qwen2,
     Qwen3,
+    /// Gemma 3: local (sliding-window) and global layers, Q/K norms, post-norms, GELU FFN.
+    Gemma3,
 }
 
 impl Architecture {
@@ -228,6 +230,7 @@ impl Architecture {
             "llama" => Ok(Architecture::Llama),
             "qwen2" => Ok(Architecture::Qwen2),
             "qwen3" => Ok(Architecture::Qwen3),
+            "gemma3" => Ok(Architecture::Gemma3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -237,6 +240,7 @@ impl Architecture {
             Architecture::Llama => "llama",
             Architecture::Qwen2 => "qwen2",
             Architecture::Qwen3 => "qwen3",
+            Architecture::Gemma3 => "gemma3",
         }
     }
 }
@@ -248,6 +252,45 @@ pub enum RopeStyle {
     Normal,
     /// Halves `(i, i + d/2)`: qwen2/qwen3.
     Neox,
+}
+
+/// Which positions a layer's attention sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnKind {
+    /// The whole causal context.
+    Full,
+    /// The last `W` positions, the token's own included (Gemma 3's local layers).
+    Sliding(usize),
+}
+
+impl AttnKind {
+    /// The kernels' `PagedAttnArgs::window` (0: no window).
+    pub fn window(self) -> usize {
+        match self {
+            AttnKind::Full => 0,
+            AttnKind::Sliding(w) => w,
+        }
+    }
+}
+
+/// How one layer attends: its kind and its rotary embedding. Layers with equal descriptions
+/// could share a KV cache group (today every layer's KV lives in the one paged arena).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttn {
+    pub kind: AttnKind,
+    /// RoPE base frequency (`rope.freq_base`; Gemma 3's local layers `rope.freq_base_swa`).
+    pub rope_base: f32,
+    /// Linear RoPE scaling: positions are multiplied by this (1: none).
+    pub rope_scale: f32,
+}
+
+/// The feed-forward activation of the gated FFN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FfnAct {
+    /// `silu(gate) * up` (llama, qwen).
+    SwiGlu,
+    /// `gelu_tanh(gate) * up`, GELU through ggml's f16 table (Gemma).
+    GeGlu,
 }
 
 /// Hyper-parameters of a llama-family model.
@@ -266,6 +309,15 @@ pub struct LlamaConfig {
     pub rope_dim: usize,
     pub rope_style: RopeStyle,
     pub context_length: usize,
+    /// One description per layer.
+    pub layers: Vec<LayerAttn>,
+    /// Scale of Q·K (`1/sqrt(head_dim)`; Gemma 3 27B `1/sqrt(hidden/heads)`).
+    pub attn_scale: f32,
+    /// Embeddings multiplied by this (Gemma: `sqrt(hidden)`).
+    pub embed_scale: Option<f32>,
+    pub ffn_act: FfnAct,
+    /// Final logits soft-capped to `cap * tanh(x / cap)` (`final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
 }
 
 impl LlamaConfig {
@@ -326,8 +378,50 @@ impl LlamaConfig {
         };
         let rope_style = match architecture {
             Architecture::Llama => RopeStyle::Normal,
-            Architecture::Qwen2 | Architecture::Qwen3 => RopeStyle::Neox,
+            Architecture::Qwen2 | Architecture::Qwen3 | Architecture::Gemma3 => RopeStyle::Neox,
         };
+        let rope_scale = match f.meta_str(&format!("{a}.rope.scaling.type")) {
+            None | Some("none") => 1.0,
+            Some("linear") => {
+                let factor = f
+                    .meta_f32(&format!("{a}.rope.scaling.factor"))
+                    .unwrap_or(1.0);
+                if !(factor.is_finite() && factor > 0.0) {
+                    return Err(ModelError::Config(format!(
+                        "{a}.rope.scaling.factor {factor} is not positive"
+                    )));
+                }
+                1.0 / factor
+            }
+            Some(other) => {
+                return Err(ModelError::Config(format!(
+                    "{a}.rope.scaling.type '{other}' is not supported (supported: none, linear)"
+                )))
+            }
+        };
+        let global = LayerAttn {
+            kind: AttnKind::Full,
+            rope_base: rope_theta,
+            rope_scale,
+        };
+        let mut layers = vec![global; n_layers.min(MAX_LAYERS)];
+        let mut attn_scale = 1.0 / (head_dim as f32).sqrt();
+        let mut embed_scale = None;
+        let mut ffn_act = FfnAct::SwiGlu;
+        let mut logit_softcap = None;
+        if architecture == Architecture::Gemma3 {
+            gemma3_layers(f, &mut layers)?;
+            // llama.cpp (after gemma_pytorch's config): query_pre_attn_scalar is
+            // hidden/heads for the 27B (62 layers), head_dim otherwise.
+            if n_layers == 62 {
+                attn_scale = 1.0 / ((hidden / n_heads) as f32).sqrt();
+            }
+            embed_scale = Some((hidden as f32).sqrt());
+            ffn_act = FfnAct::GeGlu;
+            logit_softcap = f
+                .meta_f32(&format!("{a}.final_logit_softcapping"))
+                .filter(|&c| c > 0.0);
+        }
         // Dimensions no model has mean a crafted or broken file; within these, every size
         // computed from them (weights, KV bytes per token) fits in 64 bits.
         for (key, v, max) in [
@@ -360,6 +454,11 @@ impl LlamaConfig {
             rope_dim,
             rope_style,
             context_length,
+            layers,
+            attn_scale,
+            embed_scale,
+            ffn_act,
+            logit_softcap,
         })
     }
 
@@ -382,6 +481,51 @@ impl LlamaConfig {
             .saturating_mul(block_size.max(1) as u64);
         (bytes / per_block.max(1)) as usize
     }
+}
+
+/// Gemma 3's layer pattern (as llama.cpp's `load_swa_pattern(ml, 6)`): with a positive
+/// `attention.sliding_window` W, layer `il` is local (window W, RoPE base
+/// `rope.freq_base_swa`, 10,000 when absent, no scaling) unless it is the last of each run of
+/// `attention.sliding_window_pattern` layers (6 when absent: layers 5, 11, 17, ... are
+/// global); an array of booleans in that key names the local layers itself.
+fn gemma3_layers(f: &GgufFile, layers: &mut [LayerAttn]) -> Result<(), ModelError> {
+    let a = "gemma3";
+    let window = f
+        .meta_u64(&format!("{a}.attention.sliding_window"))
+        .unwrap_or(0) as usize;
+    if window == 0 {
+        return Ok(());
+    }
+    let local = LayerAttn {
+        kind: AttnKind::Sliding(window),
+        rope_base: f
+            .meta_f32(&format!("{a}.rope.freq_base_swa"))
+            .unwrap_or(10_000.0),
+        rope_scale: 1.0,
+    };
+    let key = format!("{a}.attention.sliding_window_pattern");
+    if let Some(arr) = f.meta_array(&key) {
+        if arr.len() < layers.len() {
+            return Err(ModelError::Config(format!(
+                "{key} names {} layers, the model has {}",
+                arr.len(),
+                layers.len()
+            )));
+        }
+        for (l, v) in layers.iter_mut().zip(arr) {
+            if header::integer(v).is_some_and(|x| x != 0) {
+                *l = local;
+            }
+        }
+        return Ok(());
+    }
+    let n = f.meta_u64(&key).unwrap_or(6) as usize;
+    for (il, l) in layers.iter_mut().enumerate() {
+        if n == 0 || il % n < n - 1 {
+            *l = local;
+        }
+    }
+    Ok(())
 }
 
 /// A dense f32 vector tensor (norm weights, biases).
@@ -490,11 +634,15 @@ pub struct LayerWeights {
     pub qkv: Fused,
     /// Bias of the stacked QKV output (qwen2).
     pub qkv_bias: Option<Vec<f32>>,
-    /// Per-head RMS norms of Q and K (qwen3).
+    /// Per-head RMS norms of Q and K (qwen3, gemma3).
     pub q_norm: Option<Vec<f32>>,
     pub k_norm: Option<Vec<f32>>,
     pub wo: QMatrix,
+    /// Norm of the attention output before the residual add (gemma3).
+    pub post_attn_norm: Option<Vec<f32>>,
     pub ffn_norm: Vec<f32>,
+    /// Norm of the feed-forward output before the residual add (gemma3).
+    pub post_ffn_norm: Option<Vec<f32>>,
     /// Gate and up stacked: rows `2*ffn`.
     pub gate_up: Fused,
     pub down: QMatrix,
@@ -552,6 +700,14 @@ impl LlamaWeights {
             } else {
                 (None, None)
             };
+            // Gemma 3 requires both post-norms; other families have none.
+            let post = |name: &str| -> Result<Option<Vec<f32>>, ModelError> {
+                if c.architecture == Architecture::Gemma3 {
+                    load_vec(f, &n(name), h).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: load_vec(f, &n("attn_norm.weight"), h)?,
                 qkv,
@@ -559,7 +715,9 @@ impl LlamaWeights {
                 q_norm,
                 k_norm,
                 wo: load_matrix(f, &n("attn_output.weight"), &[h, qd])?,
+                post_attn_norm: post("post_attention_norm.weight")?,
                 ffn_norm: load_vec(f, &n("ffn_norm.weight"), h)?,
+                post_ffn_norm: post("post_ffw_norm.weight")?,
                 gate_up: Fused::load(
                     f,
                     &[&n("ffn_gate.weight"), &n("ffn_up.weight")],

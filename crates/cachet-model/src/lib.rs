@@ -142,6 +142,10 @@ pub fn load_model(
 ) -> Result<LoadedModel, ModelError> {
     let path = path.as_ref();
     let file = gguf::GgufFile::open(path)?;
+    // An architecture cachet does not run is the first thing said about the file.
+    if let Some(arch) = file.meta_str("general.architecture") {
+        gguf::Architecture::parse(arch)?;
+    }
     let tokenizer = GgufTokenizer::from_gguf(&file)?;
     let mut weights = LlamaWeights::load(&file, options.progress)?;
     if options.dequantize_weights {

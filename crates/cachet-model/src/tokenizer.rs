@@ -36,6 +36,12 @@ const GPT2_PATTERN: &str =
 const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// The chat format of a Gemma model whose file carries no template (llama.cpp's built-in
+/// `gemma` template): `<start_of_turn>{user|model}\n{content}<end_of_turn>\n` turns, system
+/// messages merged into the next user turn, contents trimmed; BOS first (the chat prompt is
+/// encoded without added special tokens).
+pub const GEMMA_TEMPLATE: &str = "{{ bos_token }}{% set ns = namespace(sys='') %}{% for m in messages %}{% if m['role'] == 'system' %}{% set ns.sys = ns.sys + (m['content'] | trim) %}{% else %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}{{ '<start_of_turn>' + role + '\n' }}{% if ns.sys and role != 'model' %}{{ ns.sys + '\n\n' }}{% set ns.sys = '' %}{% endif %}{{ (m['content'] | trim) + '<end_of_turn>\n' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
 /// Token types of `tokenizer.ggml.token_type`.
 const TOKEN_TYPE_UNKNOWN: i64 = 2;
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -250,7 +256,13 @@ impl GgufTokenizer {
             .meta_str("tokenizer.ggml.pre")
             .unwrap_or("default")
             .to_string();
-        let template = f.meta_str("tokenizer.chat_template");
+        // No template in the file: Gemma's turn format for Gemma models (as llama.cpp falls
+        // back to), ChatML otherwise.
+        let template = f.meta_str("tokenizer.chat_template").or_else(|| {
+            f.meta_str("general.architecture")
+                .filter(|a| a.starts_with("gemma"))
+                .map(|_| GEMMA_TEMPLATE)
+        });
         let id = |k: &str| {
             f.meta_u64(k)
                 .map(|v| v as u32)

@@ -55,7 +55,48 @@ enum Cmd {
     Bench(cachet_bench::BenchArgs),
 }
 
-fn main() -> anyhow::Result<()> {
+/// Exit status of a model the engine cannot run (unknown architecture or tensor type).
+const EXIT_UNSUPPORTED_MODEL: u8 = 2;
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => match unsupported_model(&e) {
+            // A model cachet cannot run is one line naming what it is and what is supported.
+            Some(m) => {
+                eprintln!("cachet: {m}");
+                std::process::ExitCode::from(EXIT_UNSUPPORTED_MODEL)
+            }
+            None => {
+                eprintln!("Error: {e:?}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+/// The unknown architecture or tensor type in `e`'s chain, if that is what failed (the
+/// wiring's error wraps the model's transparently, so its chain does not list it apart).
+fn unsupported_model(e: &anyhow::Error) -> Option<&cachet_model::ModelError> {
+    use cachet::wiring::WiringError;
+    use cachet_model::ModelError;
+    e.chain()
+        .find_map(|c| {
+            c.downcast_ref::<ModelError>()
+                .or(match c.downcast_ref::<WiringError>() {
+                    Some(WiringError::Model(m)) => Some(m),
+                    _ => None,
+                })
+        })
+        .filter(|m| {
+            matches!(
+                m,
+                ModelError::UnsupportedArchitecture(_) | ModelError::UnsupportedTensorType { .. }
+            )
+        })
+}
+
+fn run() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             // The `redis` crate logs every reconnect attempt at WARN; the tier logs each state

@@ -46,6 +46,24 @@ fn segment(s: usize, end: usize) -> (usize, usize) {
     ((s * SEGMENT).min(end), ((s + 1) * SEGMENT).min(end))
 }
 
+/// The first position query token `t` sees: `p + 1 - window` (at least 0) for a sliding
+/// window, 0 without one.
+fn window_start(a: &PagedAttnArgs, t: usize) -> usize {
+    if a.window == 0 {
+        0
+    } else {
+        (a.start_pos + t + 1).saturating_sub(a.window)
+    }
+}
+
+/// Marks every `[m, l, acc]` row of `part` empty (no position seen; the merge skips it).
+fn empty_rows(part: &mut [f32], hd: usize) {
+    for row in part.chunks_exact_mut(hd + 2) {
+        row.fill(0.0);
+        row[0] = f32::NEG_INFINITY;
+    }
+}
+
 /// Pool items per thread where a context's segments are spread over the pool. An item is a
 /// run of consecutive segments, computed in order: the kernel's next-chunk prefetch carries
 /// from each segment into the next, so only a run's first chunk would start on cold DRAM
@@ -60,7 +78,13 @@ fn run_segments(r: usize, runs: usize, nseg: usize) -> std::ops::Range<usize> {
 }
 
 /// `q: [n_tokens][n_heads][head_dim]`; query token `i` sits at position `start_pos + i` and
-/// attends to positions `0..=start_pos + i`. Writes `out: [n_tokens][n_heads][head_dim]`.
+/// attends to positions `0..=start_pos + i` (with a sliding window `W`, only the last `W` of
+/// them). Writes `out: [n_tokens][n_heads][head_dim]`.
+///
+/// With a window, every query token runs alone over its own range of each segment (the range
+/// clipped at its window's start, so a window starting mid-segment masks within it): the
+/// same calls on the same ranges whether the token is decoded alone or is a row of a prefill
+/// chunk, hence the same bits.
 ///
 /// Panics if the arguments are inconsistent (slice lengths, block table too short, head
 /// counts not divisible) — these are programmer errors in the caller.
@@ -73,7 +97,7 @@ pub fn paged_attention<T: KvElem>(
 ) {
     check_args(args, q, k, v, out);
     let isa = isa::active();
-    let qt = tile_tokens(args.n_heads / args.n_kv_heads);
+    let qt = tile_tokens(args);
     let mut t = 0;
     while t < args.n_tokens {
         let nq = qt.min(args.n_tokens - t);
@@ -170,6 +194,11 @@ fn attend_all_groups<T: KvElem>(
 ) -> bool {
     #[cfg(target_arch = "x86_64")]
     if a.n_kv_heads > 1 && isa >= Isa::Avx2 {
+        let range = (range.0.max(window_start(a, t)), range.1);
+        if range.0 >= range.1 {
+            empty_rows(part, a.head_dim);
+            return true;
+        }
         let groups = (0, a.n_kv_heads);
         return micro::attend_groups(isa, a, q, k, v, (t, 1), groups, range, pf_end, part);
     }
@@ -189,9 +218,13 @@ const MAX_PARTS: usize = 1 << 20;
 /// against 52 as a tile, 3 tokens 66-70 against 68-73, 4 tokens 85-87 against 82-87.
 const FEW_TOKENS: usize = 3;
 
-/// Query tokens processed together per K/V pass (rows = tokens × group size <= 64).
-fn tile_tokens(gs: usize) -> usize {
-    (64 / gs.max(1)).clamp(1, 8)
+/// Query tokens processed together per K/V pass (rows = tokens × group size <= 64); one
+/// under a sliding window (each token's range has its own start).
+fn tile_tokens(a: &PagedAttnArgs) -> usize {
+    if a.window > 0 {
+        return 1;
+    }
+    (64 / (a.n_heads / a.n_kv_heads).max(1)).clamp(1, 8)
 }
 
 /// Like [`paged_attention`] (the same bits), parallel over `pool`: a decode token (or up to a
@@ -214,11 +247,10 @@ pub fn paged_attention_parallel<T: KvElem>(
     }
     check_args(a, q, k, v, out);
     let isa = isa::active();
-    let gs = a.n_heads / a.n_kv_heads;
     let end = a.start_pos + a.n_tokens;
     let nseg = end.div_ceil(SEGMENT).max(1);
     // Tiles of query tokens (fewer when that would leave threads idle).
-    let mut qt = tile_tokens(gs);
+    let mut qt = tile_tokens(a);
     if a.n_tokens <= qt && nseg > 1 {
         // A decode token, or a few tokens over a long context (a decode token with its
         // drafts): the context's segments spread over the threads (flash-decoding), every
@@ -337,11 +369,8 @@ fn tokens_segments<T: KvElem>(
                 let seg = unsafe { std::slice::from_raw_parts_mut(pp.get().add(s * slen), slen) };
                 for (t, part) in seg.chunks_exact_mut(tlen).enumerate() {
                     let (p0, p1) = segment(s, a.start_pos + t + 1);
-                    if p0 >= p1 {
-                        for row in part.chunks_exact_mut(a.head_dim + 2) {
-                            row.fill(0.0);
-                            row[0] = f32::NEG_INFINITY;
-                        }
+                    if p0.max(window_start(a, t)) >= p1 {
+                        empty_rows(part, a.head_dim);
                     } else if !attend_all_groups(isa, a, q, k, v, t, (p0, p1), run_end, part) {
                         all_done.store(false, std::sync::atomic::Ordering::Relaxed);
                     }
@@ -502,8 +531,12 @@ fn attend_part<T: KvElem>(
     pf_end: usize,
     part: &mut [f32],
 ) {
+    // Without a window all the tokens share the range (the kernel masks each one's causal
+    // end); with one, each token gets its own range below.
+    let windowed = a.window > 0;
     #[cfg(target_arch = "x86_64")]
-    if isa >= Isa::Avx2
+    if !windowed
+        && isa >= Isa::Avx2
         && micro::attend_groups(isa, a, q, k, v, (t0, nq), (g, 1), range, pf_end, part)
     {
         return;
@@ -512,10 +545,17 @@ fn attend_part<T: KvElem>(
     let stride = (a.n_heads / a.n_kv_heads) * (a.head_dim + 2);
     for ti in 0..nq {
         let t = t0 + ti;
-        let r = (range.0, range.1.min(a.start_pos + t + 1));
+        let r = (
+            range.0.max(window_start(a, t)),
+            range.1.min(a.start_pos + t + 1),
+        );
         let p = &mut part[ti * stride..(ti + 1) * stride];
+        if windowed && r.0 >= r.1 {
+            empty_rows(p, a.head_dim);
+            continue;
+        }
         #[cfg(target_arch = "x86_64")]
-        if nq > 1
+        if (nq > 1 || windowed)
             && isa >= Isa::Avx2
             && micro::attend_groups(isa, a, q, k, v, (t, 1), (g, 1), r, pf_end, p)
         {
@@ -532,7 +572,7 @@ fn attend_part<T: KvElem>(
 /// DRAM read (the kernel prefetches each further chunk while it computes the one before).
 /// A hint only: it reads nothing and cannot fault.
 pub fn prefetch_context<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], n: usize) {
-    prefetch_rows(a, k, v, 0, n);
+    prefetch_rows(a, k, v, window_start(a, 0), n);
 }
 
 /// Prefetch the K/V rows of positions `p0..p0 + n` (capped at the context end), one range
@@ -567,7 +607,8 @@ fn prefetch_rows<T: KvElem>(a: &PagedAttnArgs, k: &[T], v: &[T], p0: usize, n: u
     let _ = (a, k, v, p0, n);
 }
 
-/// Naive reference: gathers the context and computes softmax(q·Kᵀ·scale)·V per head.
+/// Naive reference: gathers the context (the window's part of it, with a window) and computes
+/// softmax(q·Kᵀ·scale)·V per head.
 pub fn attention_reference<T: KvElem>(
     a: &PagedAttnArgs,
     q: &[f32],
@@ -580,6 +621,7 @@ pub fn attention_reference<T: KvElem>(
     let row = a.n_kv_heads * hd;
     for t in 0..a.n_tokens {
         let ctx = a.start_pos + t + 1;
+        let lo = window_start(a, t);
         for h in 0..a.n_heads {
             let g = h / gs;
             let qh = &q[(t * a.n_heads + h) * hd..][..hd];
@@ -587,7 +629,7 @@ pub fn attention_reference<T: KvElem>(
                 (a.block_table[p / a.block_size] as usize * a.block_size + p % a.block_size) * row
                     + g * hd
             };
-            let scores: Vec<f64> = (0..ctx)
+            let scores: Vec<f64> = (lo..ctx)
                 .map(|p| {
                     let kr = &k[pos_off(p)..][..hd];
                     qh.iter()
@@ -603,7 +645,7 @@ pub fn attention_reference<T: KvElem>(
             let o = &mut out[(t * a.n_heads + h) * hd..][..hd];
             for (dd, o) in o.iter_mut().enumerate() {
                 let mut acc = 0f64;
-                for (p, w) in e.iter().enumerate() {
+                for (p, w) in (lo..ctx).zip(&e) {
                     acc += w * v[pos_off(p) + dd].to_f32() as f64;
                 }
                 *o = (acc / z) as f32;
@@ -669,6 +711,7 @@ mod tests {
             start_pos: start,
             n_tokens: n,
             scale: 0.125,
+            window: 0,
         };
         let mut want = vec![0f32; n * nh * hd];
         paged_attention(&a, &q, &k, &v, &mut want);

@@ -44,6 +44,10 @@ pub struct PagedAttnArgs<'a> {
     pub start_pos: usize,
     pub n_tokens: usize,
     pub scale: f32,
+    /// Sliding window: query token `t` (at position `p = start_pos + t`) sees only the
+    /// positions `max(0, p + 1 - window)..=p` (`window` of them, itself included); 0 is no
+    /// window (the whole causal context).
+    pub window: usize,
 }
 
 /// Append `src` to `out` with non-temporal (streaming) stores where the CPU has AVX2: for

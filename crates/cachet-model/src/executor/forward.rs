@@ -8,8 +8,8 @@ use cachet_kernels::attention::{
 use cachet_kernels::{QMatrix, ThreadPool};
 
 use super::arena::{KvStore, LayerKv};
-use super::Scratch;
-use crate::gguf::{Fused, LlamaWeights, RopeStyle};
+use super::{RopeTable, Scratch};
+use crate::gguf::{FfnAct, Fused, LlamaWeights, RopeStyle};
 
 /// A raw pointer that may be shared with pool workers writing disjoint ranges.
 #[derive(Clone, Copy)]
@@ -96,6 +96,49 @@ fn sum_squares(x: &[f32]) -> f32 {
         }
     }
     acc.iter().sum::<f32>() + rest
+}
+
+/// `x[t] = rms_norm(x[t]) * w` for `n` rows of width `h`, rows in parallel.
+fn norm_rows_inplace(pool: &ThreadPool, x: &mut [f32], n: usize, h: usize, w: &[f32], eps: f32) {
+    assert!(x.len() >= n * h);
+    let xp = SendPtr(x.as_mut_ptr());
+    par_rows(pool, n, &|r| {
+        // SAFETY: disjoint row ranges of `x`, which holds at least n rows (asserted).
+        let xs = unsafe { rows_mut(xp, h, &r) };
+        for row in xs.chunks_exact_mut(h) {
+            rms_norm_inplace(row, w, eps);
+        }
+    });
+}
+
+/// ggml's GELU (tanh form) as its CPU backend computes it: the input rounded to f16 looks up
+/// `f16(gelu(x))` in a table, 0 at or below -10 and `x` at or above 10.
+fn gelu_table() -> &'static [f32] {
+    static TABLE: std::sync::OnceLock<Vec<f32>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        const GELU_COEF_A: f32 = 0.044715;
+        const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                let g = 0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + GELU_COEF_A * x * x)).tanh());
+                half::f16::from_f32(g).to_f32()
+            })
+            .collect()
+    })
+}
+
+/// `out[i] = gelu(gate[i]) * up[i]` (ggml's `geglu`).
+fn geglu(table: &[f32], gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *o = if g <= -10.0 {
+            0.0
+        } else if g >= 10.0 {
+            g * u
+        } else {
+            table[half::f16::from_f32(g).to_bits() as usize] * u
+        };
+    }
 }
 
 fn rms_norm_inplace(x: &mut [f32], w: &[f32], eps: f32) {
@@ -199,8 +242,7 @@ pub(super) fn forward_impl<T: KvStore>(
     layers: &mut [LayerKv<T>],
     s: &mut Scratch,
     batch: &ExecBatch<'_>,
-    rope_cos: &[f32],
-    rope_sin: &[f32],
+    (ropes, layer_rope): (&[RopeTable], &[usize]),
     block_size: usize,
 ) {
     let c = &w.config;
@@ -225,14 +267,19 @@ pub(super) fn forward_impl<T: KvStore>(
     let mut row = 0;
     for seq in &batch.seqs {
         for &tok in seq.tokens {
-            w.tok_embd
-                .dequantize_row(tok as usize, &mut s.x[row * h..(row + 1) * h]);
+            let x = &mut s.x[row * h..(row + 1) * h];
+            w.tok_embd.dequantize_row(tok as usize, x);
+            if let Some(e) = c.embed_scale {
+                for v in x.iter_mut() {
+                    *v *= e;
+                }
+            }
             row += 1;
         }
     }
 
     s.prof.mark(0);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = c.attn_scale;
     // The attention norm of layer 0 here; later ones are fused with the residual add.
     if let Some(l0) = w.layers.first() {
         norm_rows(pool, &s.x, &mut s.xn, t_n, h, &l0.attn_norm, eps);
@@ -240,6 +287,9 @@ pub(super) fn forward_impl<T: KvStore>(
     let n_layers = w.layers.len();
     for (li, (lw, kv)) in w.layers.iter().zip(layers.iter_mut()).enumerate() {
         // Attention block (s.xn holds attn_norm(x)).
+        let table = &ropes[layer_rope[li]];
+        let (rope_cos, rope_sin) = (&table.cos[..], &table.sin[..]);
+        let window = c.layers[li].kind.window();
         s.prof.mark(1);
         fused_matmul(
             &lw.qkv,
@@ -311,6 +361,7 @@ pub(super) fn forward_impl<T: KvStore>(
                 start_pos: seq.start_pos,
                 n_tokens: t_n,
                 scale,
+                window,
             };
             paged_attention_parallel::<T>(
                 pool,
@@ -338,6 +389,7 @@ pub(super) fn forward_impl<T: KvStore>(
                     start_pos: seq.start_pos + a,
                     n_tokens: e - a,
                     scale,
+                    window,
                 }
             };
             pool.parallel_for(tasks.len(), &|ti| {
@@ -361,6 +413,9 @@ pub(super) fn forward_impl<T: KvStore>(
         s.prof.mark(4);
         matmul(&lw.wo, pool, &s.att[..t_n * qd], t_n, &mut s.tmp);
         s.prof.mark(5);
+        if let Some(pn) = &lw.post_attn_norm {
+            norm_rows_inplace(pool, &mut s.tmp, t_n, h, pn, eps);
+        }
         // Residual add fused with the feed-forward norm.
         add_norm_rows(
             pool,
@@ -391,13 +446,20 @@ pub(super) fn forward_impl<T: KvStore>(
                 let out = unsafe { rows_mut(act, f, &r) };
                 for (i, t) in r.enumerate() {
                     let (g, u) = gu_all[t * 2 * f..(t + 1) * 2 * f].split_at(f);
-                    cachet_kernels::act::swiglu(g, u, &mut out[i * f..(i + 1) * f]);
+                    let o = &mut out[i * f..(i + 1) * f];
+                    match c.ffn_act {
+                        FfnAct::SwiGlu => cachet_kernels::act::swiglu(g, u, o),
+                        FfnAct::GeGlu => geglu(gelu_table(), g, u, o),
+                    }
                 }
             });
         }
         s.prof.mark(1);
         matmul(&lw.down, pool, &s.act[..t_n * f], t_n, &mut s.tmp);
         s.prof.mark(5);
+        if let Some(pn) = &lw.post_ffn_norm {
+            norm_rows_inplace(pool, &mut s.tmp, t_n, h, pn, eps);
+        }
         // Residual add fused with the next layer's attention norm.
         let next = w.layers.get(li + 1).map(|l| l.attn_norm.as_slice());
         debug_assert_eq!(next.is_none(), li + 1 == n_layers);
@@ -422,5 +484,10 @@ pub(super) fn forward_impl<T: KvStore>(
     grow(&mut s.logits, n_s * v);
     w.lm_head()
         .matmul(pool, &s.xs[..n_s * h], n_s, &mut s.logits[..n_s * v]);
+    if let Some(cap) = c.logit_softcap {
+        for x in &mut s.logits[..n_s * v] {
+            *x = cap * (*x / cap).tanh();
+        }
+    }
     s.prof.mark(6);
 }

@@ -144,16 +144,71 @@ pub struct LlamaExecutor {
     arena: Arena,
     s: Scratch,
     sampler: SamplerScratch,
-    /// `inv_freq[i]` for the rotary pairs.
-    inv_freq: Vec<f32>,
-    /// `[pos][rope_dim/2]` cos and sin, grown on demand.
-    rope_cos: Vec<f32>,
-    rope_sin: Vec<f32>,
-    rope_len: usize,
+    /// One rotary table per distinct (base, scale) of the layers.
+    ropes: Vec<RopeTable>,
+    /// Index into `ropes` of each layer.
+    layer_rope: Vec<usize>,
     eos: Vec<TokenId>,
     rng: u64,
     /// Output so far plus the accepted drafts (speculative verification, reused).
     spec_out: Vec<TokenId>,
+}
+
+/// cos and sin of the rotary angles `p * scale * inv_freq[i]`, `[pos][rope_dim/2]`, grown
+/// on demand.
+pub(crate) struct RopeTable {
+    inv_freq: Vec<f32>,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
+    len: usize,
+}
+
+impl RopeTable {
+    fn new(base: f32, scale: f32, rope_dim: usize, freq_divisors: Option<&[f32]>) -> Self {
+        let half = rope_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1f32 / base.powf((2 * i) as f32 / rope_dim as f32))
+            .collect();
+        if let Some(ff) = freq_divisors {
+            for (f, d) in inv_freq.iter_mut().zip(ff) {
+                *f /= *d;
+            }
+        }
+        RopeTable {
+            inv_freq,
+            cos: Vec::new(),
+            sin: Vec::new(),
+            len: 0,
+        }
+        .scaled(scale)
+    }
+
+    fn scaled(mut self, scale: f32) -> Self {
+        if scale != 1.0 {
+            for f in &mut self.inv_freq {
+                *f *= scale;
+            }
+        }
+        self
+    }
+
+    fn ensure(&mut self, max_pos: usize) {
+        if max_pos < self.len {
+            return;
+        }
+        let new_len = (max_pos + 1).next_power_of_two().max(256);
+        let half = self.inv_freq.len();
+        self.cos.resize(new_len * half, 0.0);
+        self.sin.resize(new_len * half, 0.0);
+        for p in self.len..new_len {
+            for (i, &f) in self.inv_freq.iter().enumerate() {
+                let a = p as f32 * f;
+                self.cos[p * half + i] = a.cos();
+                self.sin[p * half + i] = a.sin();
+            }
+        }
+        self.len = new_len;
+    }
 }
 
 /// Tokens per attention task when a sequence's chunk is split for parallelism.
@@ -182,14 +237,25 @@ impl LlamaExecutor {
             KvDtype::F32 => Arena::F32(new_layers(c.n_layers, elems)),
             KvDtype::F16 => Arena::F16(new_layers(c.n_layers, elems)),
         };
-        let half = c.rope_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1f32 / c.rope_theta.powf((2 * i) as f32 / c.rope_dim as f32))
-            .collect();
-        if let Some(ff) = &w.rope_freqs {
-            for (f, d) in inv_freq.iter_mut().zip(ff) {
-                *f /= *d;
-            }
+        let mut ropes: Vec<RopeTable> = Vec::new();
+        let mut keys: Vec<(u32, u32)> = Vec::new();
+        let mut layer_rope = Vec::with_capacity(c.layers.len());
+        for l in &c.layers {
+            let key = (l.rope_base.to_bits(), l.rope_scale.to_bits());
+            let i = match keys.iter().position(|&k| k == key) {
+                Some(i) => i,
+                None => {
+                    keys.push(key);
+                    ropes.push(RopeTable::new(
+                        l.rope_base,
+                        l.rope_scale,
+                        c.rope_dim,
+                        w.rope_freqs.as_deref(),
+                    ));
+                    keys.len() - 1
+                }
+            };
+            layer_rope.push(i);
         }
         let rng = {
             use std::hash::{BuildHasher, Hasher};
@@ -210,10 +276,8 @@ impl LlamaExecutor {
             arena,
             s: Scratch::default(),
             sampler: SamplerScratch::default(),
-            inv_freq,
-            rope_cos: Vec::new(),
-            rope_sin: Vec::new(),
-            rope_len: 0,
+            ropes,
+            layer_rope,
             eos: Vec::new(),
             rng,
             spec_out: Vec::new(),
@@ -310,24 +374,6 @@ impl LlamaExecutor {
         Ok(())
     }
 
-    fn ensure_rope(&mut self, max_pos: usize) {
-        if max_pos < self.rope_len {
-            return;
-        }
-        let new_len = (max_pos + 1).next_power_of_two().max(256);
-        let half = self.inv_freq.len();
-        self.rope_cos.resize(new_len * half, 0.0);
-        self.rope_sin.resize(new_len * half, 0.0);
-        for p in self.rope_len..new_len {
-            for (i, &f) in self.inv_freq.iter().enumerate() {
-                let a = p as f32 * f;
-                self.rope_cos[p * half + i] = a.cos();
-                self.rope_sin[p * half + i] = a.sin();
-            }
-        }
-        self.rope_len = new_len;
-    }
-
     /// The batched forward. Leaves `[S][vocab]` logits in `self.s.logits` for the S sampled
     /// chunks and returns S.
     fn forward(&mut self, batch: &ExecBatch<'_>) -> Result<usize, ModelError> {
@@ -351,7 +397,9 @@ impl LlamaExecutor {
             .map(|s| (s.start_pos + s.tokens.len()).saturating_sub(1))
             .max()
             .unwrap_or(0);
-        self.ensure_rope(max_pos);
+        for r in &mut self.ropes {
+            r.ensure(max_pos);
+        }
         let bs = self.cfg.block_size;
         let s = &mut self.s;
         s.pos.clear();
@@ -400,8 +448,7 @@ impl LlamaExecutor {
                 layers,
                 s,
                 batch,
-                &self.rope_cos,
-                &self.rope_sin,
+                (&self.ropes, &self.layer_rope),
                 bs,
             ),
             Arena::F16(layers) => forward_impl(
@@ -410,8 +457,7 @@ impl LlamaExecutor {
                 layers,
                 s,
                 batch,
-                &self.rope_cos,
-                &self.rope_sin,
+                (&self.ropes, &self.layer_rope),
                 bs,
             ),
         }
