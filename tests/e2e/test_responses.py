@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pathlib
 import time
 from typing import Annotated
 
 import openai
 import pydantic
 import pytest
+import requests
 from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseContentPartAddedEvent,
@@ -291,6 +293,28 @@ def test_agents_sdk_runs_a_tool_calling_agent_to_completion(agent_server, chaine
         assert stored.previous_response_id is None
         assert d.cached_tokens == 16 * (kept // 16)
         assert d.cache_write_tokens == 16 * (n2 // 16) - 16 * (kept // 16)
+
+
+AGENTS_FIXTURE = pathlib.Path(__file__).parent / "fixtures" / "openai_agents_0.25.0_first_request.json"
+
+
+def test_captured_agents_sdk_request_is_answered(agent_server):
+    """The Agents SDK's first request as it sent it (captured with an httpx request hook on the
+    SDK's client, openai-agents 0.25.0), replayed without the SDK: a forced strict function tool
+    whose call the grammar writes."""
+    req = json.loads(AGENTS_FIXTURE.read_text())
+    assert req["tool_choice"] == "required" and req["tools"][0]["strict"] is True
+    r = requests.post(f"{agent_server.base_url}/v1/responses", json=req, timeout=60)
+    assert r.status_code == 200, r.text
+    resp = r.json()
+    (call,) = resp["output"]
+    assert (call["type"], call["name"], call["status"]) == ("function_call", "get_weather", "completed")
+    args = json.loads(call["arguments"])
+    assert list(args) == ["city"] and 1 <= len(args["city"]) <= 8
+    assert resp["usage"]["input_tokens"] == resp["metrics"]["prefix_cache"]["prompt_tokens"]
+    # Stored by default: it reads back.
+    g = requests.get(f"{agent_server.base_url}/v1/responses/{resp['id']}", timeout=10)
+    assert g.status_code == 200 and g.json()["output"] == resp["output"]
 
 
 @pytest.fixture(scope="module")
