@@ -328,3 +328,44 @@ def test_a_parked_session_continues_after_a_restart(kvdir):
         assert v3["session"]["status"] == "new"
     finally:
         b.stop()
+
+
+def test_a_stored_response_chain_continues_after_a_restart(kvdir):
+    # Turn 1 (as test_responses.py's chain): 38 input tokens, 4 reply tokens before EOS; the
+    # session parks 42 tokens, whose 2 full blocks are on disk. SIGTERM keeps the response and
+    # the session. After the restart the response reads back, and turn 2 (78 tokens) continues
+    # it: no KV is retained here, so the lookup loads the 2 blocks from the disk (32 cached) and
+    # [32, 48) and [48, 64) are written anew (32).
+    import openai
+
+    args = disk_tier(kvdir)
+    extra = ["--sim-eos-at-output", "5"]
+    a = serve(args, extra=extra)
+    try:
+        c = openai.OpenAI(api_key="unused", base_url=f"{a.base_url}/v1", max_retries=0)
+        r1 = c.responses.create(model=a.model(), input="abcdefgh-chain", max_output_tokens=16)
+        assert r1.usage.input_tokens == 38
+        saved(a, 2)
+    finally:
+        a.proc.send_signal(signal.SIGTERM)
+        a.proc.wait(timeout=60)
+        a.stop()
+    assert len(log_lines(a, "stored responses kept")) == 1
+    b = serve(args, extra=extra)
+    try:
+        assert len(log_lines(b, "stored responses from before the restart are kept")) == 1
+        c = openai.OpenAI(api_key="unused", base_url=f"{b.base_url}/v1", max_retries=0)
+        back = c.responses.retrieve(r1.id)
+        assert back.output_text == r1.output_text
+        r2 = c.responses.create(
+            model=b.model(), input="hello world", previous_response_id=r1.id, max_output_tokens=16
+        )
+        u = r2.usage
+        assert u.input_tokens == 78
+        assert u.input_tokens_details.cached_tokens == 32
+        assert u.input_tokens_details.cache_write_tokens == 32
+        p = r2.model_extra["metrics"]["prefix_cache"]
+        assert (p["local_cached_tokens"], p["external_sources"]["disk"]) == (0, 32)
+        assert r2.model_extra["metrics"]["previous_response"] == {"id": r1.id, "kv": "prefix_cache"}
+    finally:
+        b.stop()

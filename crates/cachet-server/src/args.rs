@@ -93,6 +93,10 @@ pub struct ServerArgs {
     /// engine publishes to it; not a flag).
     #[arg(skip)]
     pub event_log: Option<crate::cache_routes::EventLogHandle>,
+    /// Where stored responses are kept across a restart (set by the binary with a disk KV
+    /// tier: `responses.json` in its directory; not a flag).
+    #[arg(skip)]
+    pub responses_file: Option<std::path::PathBuf>,
 }
 
 impl Default for ServerArgs {
@@ -117,6 +121,7 @@ impl Default for ServerArgs {
             responses_store_max: DEFAULT_RESPONSES_STORE_MAX,
             responses_store_ttl_secs: DEFAULT_RESPONSES_STORE_TTL_S,
             event_log: None,
+            responses_file: None,
         }
     }
 }

@@ -351,6 +351,15 @@ pub async fn serve_on(
         blocking::heavy_permits(),
     ));
     let state = AppState::new(handle.clone(), tokenizer, registry.clone(), &args);
+    if let Some(file) = &args.responses_file {
+        let kept = state.responses().restore_from(file);
+        if kept > 0 {
+            tracing::info!(
+                responses = kept,
+                "stored responses from before the restart are kept"
+            );
+        }
+    }
     let drain_timeout =
         Duration::try_from_secs_f64(args.shutdown_timeout).unwrap_or(Duration::from_secs(30));
     // Stop serving on a signal, or when the engine dies (after a moment for the error
@@ -384,13 +393,16 @@ pub async fn serve_on(
         })
     };
     let trigger = Arc::clone(&signalled);
-    listener::run(listener, router(state), limits, async move {
+    listener::run(listener, router(state.clone()), limits, async move {
         stop.await;
         trigger.notify_one();
     })
     .await;
     signalled.notify_one();
     let _ = drain.await;
+    if let Some(file) = &args.responses_file {
+        state.responses().save_to(file);
+    }
     tracing::info!("cachet server stopped");
     if died.load(std::sync::atomic::Ordering::SeqCst) {
         return Err(ServeError::EngineDead);

@@ -203,6 +203,11 @@ impl TierClient {
         self.inner.disk.as_ref().is_some_and(|d| d.save_on_shutdown)
     }
 
+    /// The disk tier's directory (`--kv-tier-disk-path`), when there is a disk tier.
+    pub fn disk_dir(&self) -> Option<&std::path::Path> {
+        self.inner.disk.as_ref().map(|d| d.store.dir())
+    }
+
     /// The sessions the disk tier kept from the last process (none without a disk tier).
     pub fn saved_sessions(&self) -> Vec<cachet_core::sessions::SessionRecord> {
         match &self.inner.disk {

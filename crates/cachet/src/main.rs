@@ -214,6 +214,11 @@ fn serve(
     let (event_sinks, event_log) = kv_event_sinks(&engine)?;
     let mut server = server;
     server.event_log = event_log;
+    // With a disk tier, stored responses are kept beside its blocks and kept sessions.
+    server.responses_file = tier
+        .as_ref()
+        .and_then(|t| t.disk_dir())
+        .map(|d| d.join("responses.json"));
     let handle = cachet_engine::start_engine(
         built.engine,
         built.executor,

@@ -20,6 +20,7 @@
 
 mod background;
 mod output;
+mod persist;
 mod request;
 mod store;
 mod stream;
@@ -71,6 +72,27 @@ impl Responses {
 
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, tokio::task::AbortHandle>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The responses kept in `file` by the last process become readable and continuable again
+    /// (their conversations' KV comes back through the engine's kept sessions and the disk
+    /// tier). Returns how many are kept.
+    pub fn restore_from(&self, file: &std::path::Path) -> usize {
+        self.store.restore(persist::read(file), now_f64())
+    }
+
+    /// Keeps the finished stored responses in `file` for the next start.
+    pub fn save_to(&self, file: &std::path::Path) {
+        let records = self.store.finished_records();
+        let n = records.len();
+        match persist::write(file, &records) {
+            Ok(()) => {
+                tracing::info!(responses = n, path = %file.display(), "stored responses kept")
+            }
+            Err(e) => {
+                tracing::warn!(path = %file.display(), error = %e, "cannot keep the stored responses")
+            }
+        }
     }
 }
 

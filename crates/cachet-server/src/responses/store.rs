@@ -129,6 +129,32 @@ impl ResponseStore {
         Some((rec, shared))
     }
 
+    /// Every kept response that has finished (a background run still in progress would never
+    /// finish after a restart), oldest first: what a restart keeps.
+    pub fn finished_records(&self) -> Vec<StoredResponse> {
+        let g = self.lock();
+        g.order
+            .iter()
+            .filter_map(|id| g.by_id.get(id))
+            .filter(|r| {
+                !matches!(
+                    r.response["status"].as_str(),
+                    Some("in_progress" | "queued")
+                )
+            })
+            .cloned()
+            .collect()
+    }
+
+    /// Responses the last process kept, oldest first; those past the age or over the count are
+    /// dropped as [`ResponseStore::put`] drops them. Returns how many are kept.
+    pub fn restore(&self, records: Vec<StoredResponse>, now: f64) -> usize {
+        for r in records {
+            self.put(r, now);
+        }
+        self.len()
+    }
+
     /// Responses kept now.
     pub fn len(&self) -> usize {
         self.lock().by_id.len()
@@ -193,6 +219,37 @@ mod tests {
         let (_, shared) = s.remove("alice", "b").unwrap();
         assert!(!shared);
         assert!(s.remove("alice", "b").is_none());
+    }
+
+    /// What a restart keeps: finished responses only, oldest first; restored into a store with
+    /// a smaller count, the oldest go; past the age, none.
+    #[test]
+    fn finished_records_restore_within_the_limits() {
+        let s = ResponseStore::new(StoreLimits {
+            max_responses: 10,
+            ttl_secs: 100.0,
+        });
+        s.put(rec("a", "k", 0.0, None), 0.0);
+        let mut running = rec("b", "k", 1.0, None);
+        running.response = json!({"id": "b", "status": "in_progress"});
+        s.put(running, 1.0);
+        s.put(rec("c", "k", 2.0, None), 2.0);
+        let kept = s.finished_records();
+        assert_eq!(
+            kept.iter().map(|r| &r.id[..]).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
+        let small = ResponseStore::new(StoreLimits {
+            max_responses: 1,
+            ttl_secs: 100.0,
+        });
+        assert_eq!(small.restore(kept.clone(), 50.0), 1);
+        assert!(small.get("k", "c", 50.0).is_some());
+        let late = ResponseStore::new(StoreLimits {
+            max_responses: 10,
+            ttl_secs: 100.0,
+        });
+        assert_eq!(late.restore(kept, 150.0), 0);
     }
 
     #[test]
