@@ -39,6 +39,23 @@ fn run_one(c: &mut Core, d: RequestDraft) -> Report {
     last.expect("final report")
 }
 
+/// `d` (a 100-token prompt) on an empty pool beside a tier holding its first 3 blocks, whose
+/// second load fails: 16 tokens loaded, 32 load_failed. The core and the request's checked stats.
+fn second_of_three_loads_failing(d: RequestDraft) -> (Core, cachet_core::stats::PrefillStats) {
+    let id = d.label.to_string();
+    let mut f = full(64);
+    let mut tier = FakeTier { held: 3 };
+    let slot = f.add(d).unwrap();
+    let (out, _) = f.step_with(1.0, Some(&mut tier));
+    let handle = out.kv_loads[0].handle;
+    let r = Some(TierTag::Redis);
+    assert_eq!(f.s.resolve_loads(slot, handle, &[r, None, r]), Some(1));
+    f.step_with(2.0, Some(&mut tier));
+    let st = stats_of(&f.take_finished(), &id);
+    st.check().unwrap();
+    (f, st)
+}
+
 fn miss(c: &mut Core, d: RequestDraft) -> MissTokens {
     let r = run_one(c, d);
     let s = r.prefill_stats.unwrap();
@@ -109,16 +126,7 @@ fn every_computed_token_has_one_reason() {
     );
     assert_eq!(e.totals().miss_evicted, 64);
 
-    let mut f = full(64);
-    let mut tier = FakeTier { held: 3 };
-    let slot = f.add(req("f", toks(0, 100), 1)).unwrap();
-    let (out, _) = f.step_with(1.0, Some(&mut tier));
-    let handle = out.kv_loads[0].handle;
-    let r = Some(TierTag::Redis);
-    assert_eq!(f.s.resolve_loads(slot, handle, &[r, None, r]), Some(1));
-    f.step_with(2.0, Some(&mut tier));
-    let st = stats_of(&f.take_finished(), "f");
-    st.check().unwrap();
+    let (f, st) = second_of_three_loads_failing(req("f", toks(0, 100), 1));
     assert_eq!(
         st.miss_tokens,
         MissTokens {
@@ -603,16 +611,7 @@ fn a_router_prediction_is_reported_with_its_shortfall_by_reason() {
     assert_eq!(s, m(|t| &mut t.evicted, 64));
     assert_eq!(e.totals().shortfall_evicted, 64);
 
-    let mut f = full(64);
-    let mut tier = FakeTier { held: 3 };
-    let slot = f.add(predicted(req("f", toks(0, 100), 1), 64)).unwrap();
-    let (out, _) = f.step_with(1.0, Some(&mut tier));
-    let handle = out.kv_loads[0].handle;
-    let r = Some(TierTag::Redis);
-    assert_eq!(f.s.resolve_loads(slot, handle, &[r, None, r]), Some(1));
-    f.step_with(2.0, Some(&mut tier));
-    let st = stats_of(&f.take_finished(), "f");
-    st.check().unwrap();
+    let (_, st) = second_of_three_loads_failing(predicted(req("f", toks(0, 100), 1), 64));
     assert_eq!(st.external_cached_tokens, 16);
     assert_eq!(
         st.shortfall_tokens,
