@@ -5,26 +5,16 @@
 //! (`cachet-model/tests/real_model.rs`); here it is checked on the kernels directly, for the
 //! shapes that take each kernel path (grouped decode rows for 1–4 heads per kv group, the
 //! per-row path above that, in-place f16 reads and the f16 scratch).
-use std::sync::Mutex;
+
+mod common;
+use common::for_each_isa;
 
 use cachet_kernels::attention::{paged_attention, paged_attention_parallel, KvElem, PagedAttnArgs};
-use cachet_kernels::isa::{self, Isa};
+use cachet_kernels::isa;
 use cachet_kernels::ThreadPool;
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-fn for_each_isa(mut f: impl FnMut(Isa)) {
-    let _g = ISA_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    for level in Isa::supported() {
-        isa::set_override(Some(level));
-        assert_eq!(isa::active(), level);
-        f(level);
-    }
-    isa::set_override(None);
-}
 
 /// A shuffled block table, a random K/V arena and random queries for `n` tokens from `start`.
 struct Case<T> {

@@ -3,28 +3,18 @@
 //! the kernels equal the naive reference; a token alone equals its row in a prefill chunk
 //! (sequential and parallel drivers), windows starting mid-segment included; a window of 1 gives
 //! the token's own V row exactly; a window covering the whole context gives the unwindowed bits.
-use std::sync::Mutex;
+
+mod common;
+use common::for_each_isa;
 
 use cachet_kernels::attention::{
     attention_reference, paged_attention, paged_attention_parallel, KvElem, PagedAttnArgs,
 };
-use cachet_kernels::isa::{self, Isa};
+use cachet_kernels::isa;
 use cachet_kernels::ThreadPool;
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-fn for_each_isa(mut f: impl FnMut(Isa)) {
-    let _g = ISA_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    for level in Isa::supported() {
-        isa::set_override(Some(level));
-        assert_eq!(isa::active(), level);
-        f(level);
-    }
-    isa::set_override(None);
-}
 
 /// A shuffled block table, a random K/V arena and random queries.
 struct Case<T> {

@@ -1,7 +1,8 @@
 //! Kernels vs scalar references, on every ISA level this CPU supports.
 #![allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 
-use std::sync::Mutex;
+mod common;
+use common::for_each_isa;
 
 use cachet_kernels::attention::{
     attention_reference, paged_attention, paged_attention_parallel, try_paged_attention, KvElem,
@@ -16,19 +17,6 @@ use cachet_kernels::{QMatrix, ThreadPool, WeightType};
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-
-/// The ISA override is process-global: serialise the tests that use it.
-static ISA_LOCK: Mutex<()> = Mutex::new(());
-
-fn for_each_isa(mut f: impl FnMut(Isa)) {
-    let _g = ISA_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-    for level in Isa::supported() {
-        isa::set_override(Some(level));
-        assert_eq!(isa::active(), level);
-        f(level);
-    }
-    isa::set_override(None);
-}
 
 fn rand_vec(rng: &mut StdRng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(-1.0f32..1.0)).collect()
